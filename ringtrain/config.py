@@ -1,0 +1,48 @@
+"""RINGTRAIN_* environment variables and init() keyword overrides, read once at init()."""
+import dataclasses
+import os
+
+_MB = 1 << 20
+
+
+@dataclasses.dataclass
+class Config:
+    transport: str = "auto"            # auto | shm | mpi | mpi_allreduce | nccl | nccl_allreduce | cuda_ipc
+    fusion_threshold: int = 32 * _MB   # bytes per fusion bucket
+    cycle_time_ms: float = 1.0         # longest the engine sleeps before looking at the queue again
+    segment_bytes: int = 1 * _MB       # ring pipeline segment
+    max_message_elements: int = 2**31 - 1  # MPI counts are int: larger transfers are split
+    stall_warning_s: float = 30.0
+    stall_timeout_s: float = 120.0
+    peer_check_s: float = 0.5          # how often blocked waits look whether a peer process died
+    timeline: str = ""                 # Chrome-trace file path
+    timeline_all_ranks: bool = False
+    log_level: str = "WARNING"
+    check_every: int = 0               # parameter consistency check period (steps), 0 = off
+
+    @classmethod
+    def from_env(cls, **overrides):
+        cfg = cls()
+        for field in dataclasses.fields(cls):
+            raw = os.environ.get("RINGTRAIN_" + field.name.upper())
+            if raw is not None and raw != "":
+                setattr(cfg, field.name, _parse(field, raw))
+        for key, value in overrides.items():
+            if not hasattr(cfg, key):
+                raise TypeError(f"init() got an unknown option {key!r}")
+            setattr(cfg, key, value)
+        return cfg
+
+
+def _parse(field, raw):
+    kind = field.type if isinstance(field.type, str) else field.type.__name__
+    try:
+        if kind == "int":
+            return int(float(raw))
+        if kind == "float":
+            return float(raw)
+        if kind == "bool":
+            return raw.strip().lower() in ("1", "true", "yes", "on")
+    except ValueError:
+        raise ValueError(f"RINGTRAIN_{field.name.upper()}={raw!r} is not a valid {kind}") from None
+    return raw

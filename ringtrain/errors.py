@@ -1,0 +1,34 @@
+"""Every error ringtrain raises on purpose is a RingtrainError subclass, so users can catch them as one family."""
+
+
+class RingtrainError(RuntimeError):
+    """Base class of ringtrain's own errors."""
+
+
+class NotInitializedError(RingtrainError):
+    """A collective was called before ringtrain.init() or after shutdown()."""
+
+
+class TensorMismatchError(RingtrainError, ValueError):
+    """Ranks submitted the same tensor name with different shape, dtype, op or root.
+    The message names every rank and what it had."""
+
+
+class StallError(RingtrainError):
+    """A tensor was submitted on some ranks but not on others for longer than RINGTRAIN_STALL_TIMEOUT_S."""
+
+
+class RankFailureError(RingtrainError):
+    """A peer rank died or shut down while a collective still needed it."""
+
+
+class TransportError(RingtrainError):
+    """A transport could not be set up or was asked for something it cannot do."""
+
+
+class UnsupportedDtypeError(RingtrainError, TypeError):
+    """The array's dtype is not one ringtrain reduces or moves."""
+
+
+class ShutdownError(RingtrainError):
+    """The engine was shut down before this request completed."""

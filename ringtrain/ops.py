@@ -1,0 +1,103 @@
+"""Reduction ops and the dtype table shared by every layer (numpy names; bfloat16 comes from ml_dtypes)."""
+import enum
+
+import ml_dtypes
+import numpy as np
+
+from .errors import UnsupportedDtypeError
+
+
+class ReduceOp(enum.IntEnum):
+    AVERAGE = 0
+    SUM = 1
+    MIN = 2
+    MAX = 3
+    PRODUCT = 4
+
+
+Average = ReduceOp.AVERAGE
+Sum = ReduceOp.SUM
+Min = ReduceOp.MIN
+Max = ReduceOp.MAX
+Product = ReduceOp.PRODUCT
+
+bfloat16 = np.dtype(ml_dtypes.bfloat16)
+
+# name -> numpy dtype, in the order the wire and the kernels number them
+DTYPES = {
+    "float16": np.dtype(np.float16),
+    "bfloat16": bfloat16,
+    "float32": np.dtype(np.float32),
+    "float64": np.dtype(np.float64),
+    "int8": np.dtype(np.int8),
+    "uint8": np.dtype(np.uint8),
+    "int32": np.dtype(np.int32),
+    "int64": np.dtype(np.int64),
+    "bool": np.dtype(np.bool_),
+}
+_BY_DTYPE = {dt: name for name, dt in DTYPES.items()}
+
+# numpy ufunc doing the elementwise combine of each op (Average reduces as Sum, then scales)
+UFUNCS = {
+    ReduceOp.AVERAGE: np.add,
+    ReduceOp.SUM: np.add,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum,
+    ReduceOp.PRODUCT: np.multiply,
+}
+
+
+def as_op(op):
+    """Accept ReduceOp, its int value, or a name such as 'sum' / 'Average'."""
+    if isinstance(op, ReduceOp):
+        return op
+    if isinstance(op, str):
+        try:
+            return ReduceOp[op.upper()]
+        except KeyError:
+            pass
+    elif isinstance(op, int):
+        try:
+            return ReduceOp(op)
+        except ValueError:
+            pass
+    raise ValueError(f"unknown reduce op {op!r}; use one of {[o.name.title() for o in ReduceOp]}")
+
+
+def dtype_name(dtype):
+    """The table name of a supported dtype, else UnsupportedDtypeError naming it."""
+    dt = np.dtype(dtype)
+    try:
+        return _BY_DTYPE[dt]
+    except KeyError:
+        raise UnsupportedDtypeError(
+            f"dtype {dt} is not supported; supported: {', '.join(DTYPES)}") from None
+
+
+def check_op_dtype(op, dtype):
+    """bool only makes sense for Min/Max (logical and/or) and Sum/Product would overflow meaning."""
+    name = dtype_name(dtype)
+    if name == "bool" and op not in (ReduceOp.MIN, ReduceOp.MAX):
+        raise UnsupportedDtypeError(f"op {op.name.title()} is not defined for bool; use Min (and) or Max (or)")
+    return name
+
+
+def reduce_into(dst, src, op):
+    """dst <- dst (op) src, elementwise, in place. Average combines as Sum."""
+    UFUNCS[op](dst, src, out=dst)
+
+
+def scale_into(dst, src, factor):
+    """dst <- src * factor; integers use floor division by the inverse when factor is 1/N."""
+    if factor == 1.0:
+        if dst is not src:
+            np.copyto(dst, src)
+        return
+    if dst.dtype.kind in "iu":
+        inv = round(1.0 / factor)
+        if abs(inv * factor - 1.0) < 1e-12:
+            np.floor_divide(src, inv, out=dst)
+        else:
+            np.copyto(dst, (src * factor).astype(dst.dtype))
+    else:
+        np.multiply(src, np.asarray(factor, dtype=dst.dtype), out=dst)

@@ -1,0 +1,73 @@
+"""The one interface the engine uses to move and reduce bytes among the ranks of a communicator.
+
+Layout conventions shared by every transport (host numpy arrays or cupy device arrays):
+- `buf` is a 1-D contiguous array; `counts[r]` is the number of elements of block r; blocks are laid out
+  back to back in rank order (block r starts at sum(counts[:r])). `sum(counts) == buf.size`.
+- allreduce == reducescatter(buf, counts, op) then allgather(buf, counts), both in place on the same buf.
+- `op` is a ReduceOp; AVERAGE is reduced as SUM here: the engine applies the 1/N scale when it unpacks.
+- Every wait inside a transport goes through the Watchdog, so a dead peer raises RankFailureError.
+- Transports never see tensor names; the engine wraps their errors with the names of the tensors in flight.
+"""
+import abc
+
+
+def even_counts(n, size):
+    """Split n elements into `size` blocks as evenly as possible (first blocks one larger)."""
+    base, extra = divmod(n, size)
+    return [base + (1 if r < extra else 0) for r in range(size)]
+
+
+def offsets(counts):
+    out, acc = [], 0
+    for c in counts:
+        out.append(acc)
+        acc += c
+    return out
+
+
+class Transport(abc.ABC):
+    """One instance per communicator per device kind (host or GPU); created at init(), closed at shutdown()."""
+
+    name = "abstract"
+    device = "cpu"          # "cpu" for numpy buffers, "cuda" for cupy buffers
+
+    def __init__(self, comm, config, watchdog):
+        self.comm = comm    # an mpi4py communicator private to this transport (a Dup of the world)
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.config = config
+        self.watchdog = watchdog
+
+    def staging_buffer(self, nbytes):
+        """A reusable 1-D uint8 buffer of >= nbytes the engine packs a fusion bucket into. Transports that
+        reduce straight from shared memory return memory inside their shared window, so packing is the copy-in."""
+        have = getattr(self, "_staging", None)
+        if have is None or have.nbytes < nbytes:
+            import numpy as np
+            self._staging = np.empty(max(nbytes, 1), dtype=np.uint8)
+        return self._staging[:nbytes]
+
+    def allreduce(self, buf, op):
+        counts = even_counts(buf.size, self.size)
+        self.reducescatter(buf, counts, op)
+        self.allgather(buf, counts)
+
+    @abc.abstractmethod
+    def reducescatter(self, buf, counts, op):
+        """In place: afterwards block `rank` of buf holds the reduction of that block over all ranks.
+        The other blocks are left in an unspecified state."""
+
+    @abc.abstractmethod
+    def allgather(self, buf, counts):
+        """In place: block `rank` of buf is this rank's input; afterwards every block holds its owner's input."""
+
+    @abc.abstractmethod
+    def broadcast(self, buf, root):
+        """In place: buf on every rank becomes root's buf."""
+
+    @abc.abstractmethod
+    def alltoall(self, send, send_counts, recv, recv_counts):
+        """send holds blocks for ranks 0..N-1 (send_counts); recv gets the block from each rank (recv_counts)."""
+
+    def close(self):
+        """Release windows, communicators and device resources; must be safe to call twice."""

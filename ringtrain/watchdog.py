@@ -1,0 +1,72 @@
+"""Bounded, interruptible waiting: every blocking wait in ringtrain goes through here so nothing hangs.
+
+A wait polls (MPI requests, shared-memory flags, CUDA events) with a short sleep that backs off, and every
+`peer_check_s` asks the Watchdog whether a peer process on this node has died or the engine was aborted.
+Spinning hard would steal the core the training thread needs on small machines, hence the backoff.
+"""
+import os
+import time
+
+from .errors import RankFailureError
+
+
+def _alive(pid):
+    """True while the process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+
+
+class Watchdog:
+    """Knows the pids of the ranks on this node; check() raises RankFailureError naming a dead one."""
+
+    def __init__(self, local_peers=None, peer_check_s=0.5):
+        self.local_peers = dict(local_peers or {})   # world rank -> pid, same host only
+        self.peer_check_s = peer_check_s
+        self.abort_reason = None                     # set by the engine to break every wait
+        self._next_check = 0.0
+
+    def check(self, what=""):
+        if self.abort_reason is not None:
+            raise RankFailureError(f"{self.abort_reason}" + (f" (while waiting for {what})" if what else ""))
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        self._next_check = now + self.peer_check_s
+        for rank, pid in self.local_peers.items():
+            if not _alive(pid):
+                raise RankFailureError(
+                    f"rank {rank} (pid {pid}) has died" + (f" while this rank waited for {what}" if what else ""))
+
+    def wait(self, done, what="", timeout=None):
+        """Poll done() until it returns true; back off from a busy spin to 1 ms sleeps; check peers meanwhile.
+        Raise RankFailureError on a dead peer, TimeoutError after `timeout` seconds."""
+        spins = 0
+        start = time.monotonic()
+        while not done():
+            spins += 1
+            if spins < 64:
+                continue
+            self.check(what)
+            time.sleep(min(1e-3, 1e-6 * (spins - 63)))
+            if timeout is not None and time.monotonic() - start > timeout:
+                raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+    def wait_requests(self, requests, what=""):
+        """Wait for a list of mpi4py requests without blocking inside MPI."""
+        from mpi4py import MPI  # noqa: imported lazily so CPU-free layers never pull MPI in at import time
+        pending = [r for r in requests if r != MPI.REQUEST_NULL]
+        if not pending:
+            return
+        self.wait(lambda: MPI.Request.Testall(pending), what)
