@@ -1,0 +1,502 @@
+"""Allreduce bandwidth and latency of ringtrain's transports against the library collectives, in one run.
+
+    mpiexec -n 2 python benchmarks/allreduce.py --json out.json --png out.png [--quick]
+
+Implementations (each skipped with a printed reason where it cannot run here):
+  ringtrain-<t>      rt.allreduce(x, op=rt.Sum) through the public API with rt.init(transport=t), t in shm, mpi
+                     (nccl, cuda_ipc on cupy arrays when a GPU is bound)
+  ringtrain-<t>-raw  the transport class alone: .allreduce on its already-packed staging buffer, no engine,
+                     no pack/unpack, so API time minus raw time is what the engine costs
+  MPI_Allreduce      mpi4py comm.Allreduce (bfloat16 through a user-defined numpy op: MPI has no bfloat16)
+  torch-gloo         torch.distributed.all_reduce with the gloo backend
+  nccl               ncclAllReduce through cupy, when every rank has its own GPU
+
+Output follows nccl-tests: a table `size count dtype op time_us algbw busbw #wrong` per implementation, then ratio
+tables against MPI_Allreduce. busbw = algbw * 2(N-1)/N. The machine's memcpy bandwidth is measured in the same run
+and busbw is printed as a fraction of it (a shared-memory ring cannot beat memory bandwidth).
+Every size is checked against a numpy reference: inputs are small integers, so every dtype's sum is exact.
+"""
+import argparse
+import os
+import socket
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import common
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+# Run from a source checkout without pip install: the package sits one level up.
+sys.path.append(os.path.dirname(BENCH_DIR))
+
+PATTERN_LENGTH = 4099  # prime, so a block landing at the wrong offset shows up as #wrong
+
+
+# ---------------------------------------------------------------- inputs and reference
+
+def numpy_dtype(name):
+    if name == "bfloat16":
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def rank_pattern(rank):
+    """Small integers in [-3, 3]: sums over up to 85 ranks are exact even in bfloat16."""
+    return np.random.default_rng(1000 + rank).integers(-3, 4, size=PATTERN_LENGTH).astype(np.float32)
+
+
+def make_input(rank, count, dtype):
+    return np.resize(rank_pattern(rank), count).astype(dtype)
+
+
+def make_expected(size, count):
+    """Sum over ranks, as float32 (exact for these integers)."""
+    total = sum(rank_pattern(r) for r in range(size))
+    return np.resize(total, count)
+
+
+def count_wrong(result, expected):
+    got = np.asarray(result).reshape(-1).astype(np.float32)
+    if got.size != expected.size:
+        return int(expected.size)
+    return int(np.count_nonzero(got != expected))
+
+
+# ---------------------------------------------------------------- timing
+
+def time_collective(run_once, comm, target_batch_s, repeats):
+    """Median over `repeats` batches of back-to-back calls; a batch is long enough to amortise timer noise.
+    Every rank must make the same number of calls, so the batch length is agreed from the slowest warm-up."""
+    run_once()                      # first call pays setup (negotiation, buffer allocation, caches)
+    comm.Barrier()
+    start = time.perf_counter()
+    run_once()
+    warm = np.array([time.perf_counter() - start])
+    comm.Allreduce(MPI.IN_PLACE, warm, op=MPI.MAX)
+    batch = int(min(1000, max(1, target_batch_s / max(warm[0], 1e-7))))
+    per_call = np.empty(repeats)
+    for i in range(repeats):
+        comm.Barrier()
+        start = time.perf_counter()
+        for _ in range(batch):
+            run_once()
+        per_call[i] = (time.perf_counter() - start) / batch
+    # A collective is as slow as its slowest rank.
+    comm.Allreduce(MPI.IN_PLACE, per_call, op=MPI.MAX)
+    return float(np.median(per_call)), batch * repeats
+
+
+def measure_memcpy(comm, nbytes):
+    """numpy copy bandwidth in GB/s (bytes copied per second): one rank alone, and all ranks at once
+    (the realistic roof while every rank of a shared-memory ring copies)."""
+    src = np.ones(nbytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+
+    def best_of(k):
+        best = float("inf")
+        for _ in range(k):
+            start = time.perf_counter()
+            np.copyto(dst, src)
+            best = min(best, time.perf_counter() - start)
+        return nbytes / best / 1e9
+
+    comm.Barrier()
+    solo = best_of(5) if comm.Get_rank() == 0 else 0.0
+    comm.Barrier()
+    concurrent = comm.allreduce(best_of(5), op=MPI.MIN)
+    return comm.bcast(solo, root=0), concurrent
+
+
+# ---------------------------------------------------------------- implementations
+
+class Unavailable(Exception):
+    """This implementation cannot run here; the message says why."""
+
+
+class MPIAllreduce:
+    name = "MPI_Allreduce"
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.bfloat16_op = None
+
+    def start(self):
+        pass
+
+    def runner(self, x, dtype_name, nbytes):
+        out = np.empty_like(x)
+        if dtype_name == "bfloat16":
+            # MPI has no bfloat16: move it as 16-bit words and reduce with numpy in a user-defined op.
+            if self.bfloat16_op is None:
+                self.bfloat16_op = MPI.Op.Create(_bfloat16_sum, commute=True)
+            send, recv, op = [x.view(np.uint16), MPI.UINT16_T], [out.view(np.uint16), MPI.UINT16_T], self.bfloat16_op
+        else:
+            send, recv, op = x, out, MPI.SUM
+
+        def run():
+            self.comm.Allreduce(send, recv, op=op)
+            return out
+        return run, run
+
+    def stop(self):
+        if self.bfloat16_op is not None:
+            self.bfloat16_op.Free()
+            self.bfloat16_op = None
+
+
+def _bfloat16_sum(inbuf, outbuf, datatype):
+    bf16 = numpy_dtype("bfloat16")
+    a = np.frombuffer(inbuf, dtype=bf16)
+    b = np.frombuffer(outbuf, dtype=bf16)
+    np.add(a, b, out=b)
+
+
+class RingtrainAPI:
+    """rt.allreduce through the engine, one transport per init()."""
+
+    def __init__(self, comm, transport, device="cpu"):
+        self.comm, self.transport, self.device = comm, transport, device
+        self.name = f"ringtrain-{transport}"
+
+    def start(self):
+        try:
+            import ringtrain as rt
+            rt.init  # noqa: B018 - the core API may not have landed yet
+        except (ImportError, AttributeError) as exc:
+            raise Unavailable(f"ringtrain core API not importable ({exc})")
+        self.rt = rt
+        if self.device == "cuda":
+            _require_gpu()
+        rt.init(transport=self.transport)
+        used = rt.transport_name(device=self.device)
+        if used != self.transport:
+            rt.shutdown()
+            raise Unavailable(f"asked for transport {self.transport!r}, engine chose {used!r}")
+
+    def runner(self, x, dtype_name, nbytes):
+        rt = self.rt
+        name = f"bench.{dtype_name}.{nbytes}"   # a stable name, as training would use: the engine caches it
+        if self.device == "cuda":
+            import cupy
+            x = cupy.asarray(x)
+
+        def run():
+            return rt.allreduce(x, op=rt.Sum, name=name)
+
+        def check():
+            result = run()
+            return result.get() if self.device == "cuda" else result
+        return run, check
+
+    def stop(self):
+        self.rt.shutdown()
+
+
+class RawTransport:
+    """The transport class without the engine: allreduce in place on its own staging buffer."""
+
+    def __init__(self, comm, transport):
+        self.comm, self.transport = comm, transport
+        self.name = f"ringtrain-{transport}-raw"
+
+    def start(self):
+        try:
+            from ringtrain.config import Config
+            from ringtrain.transports import transport_class
+            from ringtrain.watchdog import Watchdog
+            cls = transport_class(self.transport)
+        except Exception as exc:  # the module may not exist yet: skip, do not fail the whole run
+            raise Unavailable(f"transport {self.transport!r} not importable ({exc})")
+        node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+        on_one_node = node.Get_size() == self.comm.Get_size()
+        node.Free()
+        if self.transport == "shm" and not on_one_node:
+            raise Unavailable("shm needs every rank on one node")
+        config = Config.from_env(transport=self.transport)
+        pids = self.comm.allgather(os.getpid())
+        me = self.comm.Get_rank()
+        peers = {r: pid for r, pid in enumerate(pids) if r != me} if on_one_node else {}
+        self.instance = cls(self.comm.Dup(), config, Watchdog(peers, config.peer_check_s))
+
+    def runner(self, x, dtype_name, nbytes):
+        from ringtrain.ops import ReduceOp
+        buf = self.instance.staging_buffer(nbytes).view(x.dtype)
+
+        def run():
+            # in place on garbage after the first call: values only grow, which costs the same time
+            self.instance.allreduce(buf, ReduceOp.SUM)
+
+        def check():
+            np.copyto(buf, x)
+            self.instance.allreduce(buf, ReduceOp.SUM)
+            return buf.copy()
+        return run, check
+
+    def stop(self):
+        self.instance.close()
+
+
+class TorchGloo:
+    name = "torch-gloo"
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def start(self):
+        try:
+            import torch
+            import torch.distributed as dist
+        except ImportError as exc:
+            raise Unavailable(f"torch not installed ({exc})")
+        self.torch, self.dist = torch, dist
+        init_torch_distributed(self.comm, "gloo")
+
+    def runner(self, x, dtype_name, nbytes):
+        torch, dist = self.torch, self.dist
+        source = numpy_to_torch(x)
+        tensor = source.clone()
+
+        def run():
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)   # in place; later calls sum garbage, same cost
+
+        def check():
+            tensor.copy_(source)
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+            return torch_to_numpy(tensor)
+        return run, check
+
+    def stop(self):
+        self.dist.destroy_process_group()
+
+
+class NcclAllreduce:
+    """ncclAllReduce via cupy, one GPU per rank (NCCL refuses two ranks on one GPU)."""
+    name = "nccl"
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def start(self):
+        cupy = _require_gpu()
+        local = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+        local_rank, local_size = local.Get_rank(), local.Get_size()
+        local.Free()
+        if cupy.cuda.runtime.getDeviceCount() < local_size:
+            raise Unavailable(f"{local_size} ranks on this node but only "
+                              f"{cupy.cuda.runtime.getDeviceCount()} GPU(s); NCCL needs one GPU per rank")
+        from cupy.cuda import nccl
+        cupy.cuda.Device(local_rank).use()
+        uid = self.comm.bcast(nccl.get_unique_id() if self.comm.Get_rank() == 0 else None, root=0)
+        self.cupy, self.nccl = cupy, nccl
+        self.nccl_comm = nccl.NcclCommunicator(self.comm.Get_size(), uid, self.comm.Get_rank())
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+
+    def runner(self, x, dtype_name, nbytes):
+        cupy, nccl = self.cupy, self.nccl
+        codes = {"float32": nccl.NCCL_FLOAT32, "float16": nccl.NCCL_FLOAT16,
+                 "bfloat16": getattr(nccl, "NCCL_BFLOAT16", None)}
+        if codes[dtype_name] is None:
+            raise Unavailable("this cupy's NCCL binding has no bfloat16")
+        source = cupy.asarray(x.view(np.uint16) if dtype_name == "bfloat16" else x)
+        out = cupy.empty_like(source)
+
+        def run():
+            self.nccl_comm.allReduce(source.data.ptr, out.data.ptr, x.size, codes[dtype_name], nccl.NCCL_SUM,
+                                     self.stream.ptr)
+            self.stream.synchronize()
+
+        def check():
+            run()
+            host = out.get()
+            return host.view(x.dtype)
+        return run, check
+
+    def stop(self):
+        self.nccl_comm.destroy()
+
+
+def _require_gpu():
+    """cupy with at least one usable device, else Unavailable (cupy imports fine on GPU-less machines)."""
+    try:
+        import cupy
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            raise Unavailable("no GPU")
+        return cupy
+    except Unavailable:
+        raise
+    except Exception as exc:
+        raise Unavailable(f"no usable GPU ({type(exc).__name__}: {exc})")
+
+
+def numpy_to_torch(x):
+    import torch
+    if x.dtype == numpy_dtype("bfloat16"):
+        return torch.from_numpy(x.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(x.copy())
+
+
+def torch_to_numpy(tensor):
+    import torch
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(numpy_dtype("bfloat16"))
+    return tensor.numpy()
+
+
+def init_torch_distributed(comm, backend):
+    """torch.distributed through env:// with an address and free port chosen by rank 0 and shared over MPI."""
+    import torch.distributed as dist
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    one_node = node.Get_size() == comm.Get_size()
+    node.Free()
+    address = None
+    if comm.Get_rank() == 0:
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            port = probe.getsockname()[1]
+        address = ("127.0.0.1" if one_node else socket.gethostname(), port)
+    host, port = comm.bcast(address, root=0)
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = host, str(port)
+    dist.init_process_group(backend, init_method="env://", rank=comm.Get_rank(), world_size=comm.Get_size())
+
+
+# ---------------------------------------------------------------- driver
+
+def build_impls(comm, names):
+    impls = [
+        RingtrainAPI(comm, "shm"), RawTransport(comm, "shm"),
+        RingtrainAPI(comm, "mpi"), RawTransport(comm, "mpi"),
+        MPIAllreduce(comm), TorchGloo(comm),
+        RingtrainAPI(comm, "cuda_ipc", device="cuda"), RingtrainAPI(comm, "nccl", device="cuda"),
+        NcclAllreduce(comm),
+    ]
+    if names:
+        wanted = set(names.split(","))
+        unknown = wanted - {i.name for i in impls}
+        if unknown:
+            raise ValueError(f"--impls names unknown implementations {sorted(unknown)}; "
+                             f"known: {[i.name for i in impls]}")
+        impls = [i for i in impls if i.name in wanted]
+    return impls
+
+
+def agree(comm, ok):
+    """True only if every rank says ok: a skip on one rank must be a skip on all, or the next call hangs."""
+    return comm.allreduce(bool(ok), op=MPI.LAND)
+
+
+def run_impl(impl, comm, sizes, dtypes, args, log):
+    records, rank, ranks = [], comm.Get_rank(), comm.Get_size()
+    reason = None
+    try:
+        impl.start()
+    except Unavailable as exc:
+        reason = str(exc)
+    if not agree(comm, reason is None):
+        reasons = [r for r in comm.allgather(reason) if r]
+        log(f"# {impl.name}: skipped ({reasons[0]})")
+        if reason is None:
+            impl.stop()
+        return records, f"skipped: {reasons[0]}"
+    note = "ok"
+    for dtype_name in dtypes:
+        dtype = numpy_dtype(dtype_name)
+        for nbytes in sizes:
+            count = max(1, nbytes // dtype.itemsize)
+            x = make_input(rank, count, dtype)
+            problem = None
+            try:
+                run, check = impl.runner(x, dtype_name, count * dtype.itemsize)
+            except Unavailable as exc:
+                problem = str(exc)
+            if not agree(comm, problem is None):
+                log(f"# {impl.name} {dtype_name}: skipped ({problem or 'another rank could not run it'})")
+                break
+            wrong = count_wrong(check(), make_expected(ranks, count))
+            wrong = comm.allreduce(wrong, op=MPI.SUM)
+            seconds, calls = time_collective(run, comm, args.batch_seconds, args.repeats)
+            algbw = count * dtype.itemsize / seconds / 1e9
+            records.append({"impl": impl.name, "ranks": ranks, "bytes": count * dtype.itemsize, "count": count,
+                            "dtype": dtype_name, "op": "sum", "time_us": seconds * 1e6, "algbw_gbps": algbw,
+                            "busbw_gbps": common.bus_bandwidth(algbw, ranks), "wrong": wrong, "calls": calls})
+            if wrong:
+                note = "WRONG RESULTS"
+    impl.stop()
+    return records, note
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", help="write the records here")
+    parser.add_argument("--png", help="plot busbw vs size here")
+    parser.add_argument("--quick", action="store_true", help="float32, 4 KB..1 MB, short timings (< 1 minute)")
+    parser.add_argument("--impls", default="", help="comma-separated subset of implementation names")
+    parser.add_argument("--dtypes", default=None, help="comma-separated, default float32,float16,bfloat16")
+    parser.add_argument("--min-bytes", type=int, default=None)
+    parser.add_argument("--max-bytes", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=None, help="timed batches per size (median reported)")
+    parser.add_argument("--batch-seconds", type=float, default=None, help="target length of one timed batch")
+    args = parser.parse_args(argv)
+    quick = args.quick
+    args.dtypes = (args.dtypes or ("float32" if quick else "float32,float16,bfloat16")).split(",")
+    args.min_bytes = args.min_bytes or (4096 if quick else 4)
+    args.max_bytes = args.max_bytes or ((1 << 20) if quick else (256 << 20))
+    args.repeats = args.repeats or (3 if quick else 7)
+    args.batch_seconds = args.batch_seconds or (0.005 if quick else 0.03)
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    comm = MPI.COMM_WORLD
+    rank, ranks = comm.Get_rank(), comm.Get_size()
+
+    def log(text):
+        if rank == 0:
+            print(text, flush=True)
+
+    sizes = common.size_ladder(args.min_bytes, args.max_bytes, 4)
+    memcpy_solo, memcpy_all = measure_memcpy(comm, (64 << 20) if args.quick else (256 << 20))
+    log(f"# ringtrain allreduce benchmark: {ranks} ranks, {os.cpu_count()} cores, dtypes {args.dtypes}, "
+        f"{common.human_bytes(sizes[0])}..{common.human_bytes(sizes[-1])}")
+    log(f"# numpy memcpy bandwidth: {memcpy_solo:.2f} GB/s one rank alone, {memcpy_all:.2f} GB/s per rank "
+        f"with all {ranks} copying (the roof used for of_memcpy)")
+
+    records, notes = [], {}
+    for impl in build_impls(comm, args.impls):
+        impl_records, notes[impl.name] = run_impl(impl, comm, sizes, args.dtypes, args, log)
+        for r in impl_records:
+            r["memcpy_gbps"] = memcpy_all
+        records += impl_records
+        if impl_records:
+            log("")
+            log(common.allreduce_table(records, impl.name, roof_gbps=memcpy_all))
+
+    if rank == 0:
+        if any(r["impl"] == "MPI_Allreduce" for r in records):
+            print()
+            print(common.ratio_table(records, "MPI_Allreduce", "busbw_gbps"))
+            print()
+            print(common.ratio_table(records, "MPI_Allreduce", "time_us").replace(
+                "time_us ratio", "time ratio (>1 = slower than MPI_Allreduce),"))
+        total_wrong = sum(r["wrong"] for r in records)
+        print(f"\n# total #wrong: {total_wrong}; implementations: " +
+              ", ".join(f"{k} ({v})" for k, v in notes.items()))
+        if args.json:
+            stamp = common.machine_info()
+            for r in records:
+                r["date"] = stamp["date"]
+                r["cores"] = stamp["cores"]
+            common.write_json(args.json, records)
+        if args.png and records:
+            common.plot_busbw(records, args.png, f"allreduce busbw, {ranks} ranks, {os.cpu_count()} cores "
+                                                 f"(memcpy {memcpy_all:.1f} GB/s)")
+    failed = comm.bcast(any(r["wrong"] for r in records) if rank == 0 else None, root=0)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
