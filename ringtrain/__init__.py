@@ -1,0 +1,20 @@
+"""ringtrain: data-parallel training with our own ring allreduce over MPI, shared memory, NCCL and CUDA IPC.
+
+    import ringtrain as rt
+    rt.init()
+    total = rt.allreduce(np.ones(4, np.float32), op=rt.Sum)   # == size() everywhere
+
+The torch binding (Horovod names, DistributedOptimizer) is ringtrain.torch.
+"""
+from . import errors
+from .collectives import (allgather, allgather_async, allgather_object, allreduce, allreduce_async, alltoall,
+                          alltoall_async, barrier, broadcast, broadcast_async, broadcast_object, grouped_allreduce,
+                          grouped_allreduce_async, join, poll, reducescatter, reducescatter_async, synchronize)
+from .errors import (NotInitializedError, RankFailureError, RingtrainError, ShutdownError, StallError,
+                     TensorMismatchError, TransportError, UnsupportedDtypeError)
+from .handle import Handle
+from .ops import Average, Max, Min, Product, ReduceOp, Sum, bfloat16
+from .state import (config, cross_rank, cross_size, gpu_device, init, is_initialized, local_rank, local_size, rank,
+                    shutdown, size, transport_name)
+
+__version__ = "0.1.0"

@@ -1,0 +1,199 @@
+"""Agreement across ranks on which collectives are ready, decided by rank 0 (pure logic: no MPI here).
+
+Every rank tells the coordinator (rank 0) the requests it has queued: the full metadata the first time a name is seen,
+then only a small integer cache id while the metadata stays the same (the steady-state fast path: a training step sends a
+list of ints, not shapes and dtypes). The coordinator answers with an ordered list of actions that every rank executes
+in the same order, which is what makes out-of-order submission safe and deadlock-free.
+"""
+import collections
+import dataclasses
+import time
+
+from .ops import DTYPES
+
+CACHE_CAPACITY = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class Meta:
+    """What every rank must agree on for one named collective."""
+    kind: str                 # allreduce | allgather | broadcast | alltoall | reducescatter | barrier
+    dtype: str = "uint8"
+    shape: tuple = ()
+    op: int = -1              # ReduceOp value, -1 where not a reduction
+    root: int = -1
+    device: str = "cpu"
+    scales: tuple = (1.0, 1.0)   # prescale, postscale
+    splits: tuple = ()        # alltoall: rows sent to each rank
+
+    @property
+    def nbytes(self):
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * DTYPES[self.dtype].itemsize
+
+    def describe(self):
+        parts = [f"shape {self.shape} {self.dtype}"]
+        if self.op >= 0:
+            from .ops import ReduceOp
+            parts.append(f"op {ReduceOp(self.op).name.title()}")
+        if self.root >= 0:
+            parts.append(f"root {self.root}")
+        if self.kind == "alltoall":
+            parts.append(f"splits {list(self.splits)}")
+        if self.device != "cpu":
+            parts.append(f"on {self.device}")
+        if self.scales != (1.0, 1.0):
+            parts.append(f"scales {self.scales}")
+        return f"{self.kind} " + " ".join(parts)
+
+
+def _agreement_key(meta):
+    """The part of the metadata that must be identical on every rank (allgather/alltoall may differ in dim 0)."""
+    shape = meta.shape[1:] if meta.kind in ("allgather", "alltoall") else meta.shape
+    return (meta.kind, meta.dtype, shape, meta.op, meta.root, meta.device, meta.scales)
+
+
+def _rank_list(ranks):
+    ranks = sorted(ranks)
+    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(map(str, ranks))
+
+
+def mismatch_message(name, metas):
+    """'tensor 'w': rank 0 has allreduce shape (3,) float32 op Sum; rank 1 has allreduce shape (4,) float32 op Sum'."""
+    groups = collections.defaultdict(list)
+    for rank, meta in sorted(metas.items()):
+        groups[meta.describe() if meta.kind not in ("allgather", "alltoall")
+               else f"{meta.kind} shape (*, {', '.join(map(str, meta.shape[1:]))}) {meta.dtype}"
+               + (f" root {meta.root}" if meta.root >= 0 else "")].append(rank)
+    sides = [f"{_rank_list(ranks)} {'has' if len(ranks) == 1 else 'have'} {desc}" for desc, ranks in groups.items()]
+    return f"tensor {name!r} differs across ranks: " + "; ".join(sides)
+
+
+@dataclasses.dataclass
+class _Entry:
+    metas: dict
+    first_seen: float
+    warned: bool = False
+
+
+class Coordinator:
+    """Rank 0's book of submitted requests. Feed it submissions; `plan()` returns the actions to broadcast."""
+
+    def __init__(self, size, fusion_threshold, stall_warning_s, stall_timeout_s, clock=time.monotonic):
+        self.size = size
+        self.fusion_threshold = fusion_threshold
+        self.stall_warning_s = stall_warning_s
+        self.stall_timeout_s = stall_timeout_s
+        self.clock = clock
+        self.pending = collections.OrderedDict()   # name -> _Entry, in order of first submission
+        self.joined = {}                           # rank -> order of joining
+        self.shut_down = set()
+        self.cache_by_id = []                      # id -> (name, meta)
+        self.cache_ids = {}                        # (name, meta) -> id
+        self._new_cache = {}                       # entries assigned since the last plan(), sent to every rank
+
+    # ---- input ---------------------------------------------------------------------------------------
+    def submit(self, rank, items):
+        """items: list of (name, Meta) or int cache ids."""
+        for item in items:
+            name, meta = self.cache_by_id[item] if isinstance(item, int) else item
+            entry = self.pending.get(name)
+            if entry is None:
+                entry = self.pending[name] = _Entry({}, self.clock())
+            entry.metas[rank] = meta
+
+    def join(self, rank):
+        self.joined.setdefault(rank, len(self.joined))
+
+    def shutdown(self, rank):
+        self.shut_down.add(rank)
+
+    # ---- decisions -----------------------------------------------------------------------------------
+    def plan(self):
+        """Actions ready now, in the order every rank must execute them."""
+        actions = []
+        buckets = collections.OrderedDict()      # fusion signature -> (names, metas, bytes)
+        for name in list(self.pending):
+            entry = self.pending[name]
+            action = self._decide(name, entry)
+            if action is None:
+                continue
+            del self.pending[name]
+            if action[0] == "allreduce":
+                meta = action[2][0]
+                self._remember(name, entry.metas)
+                key = (meta.dtype, meta.op, meta.device, meta.scales)
+                names, metas, nbytes = buckets.get(key, ([], [], 0))
+                if names and nbytes + meta.nbytes > self.fusion_threshold:
+                    actions.append(("allreduce", names, metas))
+                    names, metas, nbytes = [], [], 0
+                buckets[key] = (names + [name], metas + [meta], nbytes + meta.nbytes)
+            else:
+                if action[0] != "error":
+                    self._remember(name, entry.metas)
+                actions.append(action)
+        actions.extend(("allreduce", names, metas) for names, metas, _ in buckets.values())
+        if self.joined and len(self.joined) + len(self.shut_down - set(self.joined)) >= self.size:
+            last = max(self.joined, key=self.joined.get)
+            actions.append(("join_done", last))
+            self.joined = {}
+        if len(self.shut_down) >= self.size:
+            actions.append(("shutdown",))
+        return actions
+
+    def take_new_cache_entries(self):
+        new, self._new_cache = self._new_cache, {}
+        return new
+
+    def _remember(self, name, metas):
+        if len(self.cache_by_id) >= CACHE_CAPACITY:
+            return
+        for meta in set(metas.values()):
+            if (name, meta) not in self.cache_ids:
+                self.cache_ids[(name, meta)] = len(self.cache_by_id)
+                self.cache_by_id.append((name, meta))
+                self._new_cache[(name, meta)] = self.cache_ids[(name, meta)]
+
+    def _decide(self, name, entry):
+        metas = entry.metas
+        gone = self.shut_down - set(metas)
+        if gone:
+            return ("error", [name], f"tensor {name!r}: {_rank_list(gone)} already called shutdown() "
+                    f"while {_rank_list(metas)} submitted it", "RankFailureError")
+        joined_missing = {r for r in self.joined if r not in metas}
+        if len(metas) + len(joined_missing) < self.size:
+            return None
+        if len({_agreement_key(m) for m in metas.values()}) > 1:
+            return ("error", [name], mismatch_message(name, metas), "TensorMismatchError")
+        meta = next(iter(metas.values()))
+        if joined_missing and meta.kind != "allreduce":
+            return ("error", [name], f"tensor {name!r}: {meta.kind} cannot run while {_rank_list(joined_missing)} "
+                    f"{'has' if len(joined_missing) == 1 else 'have'} joined; only allreduce can", "RingtrainError")
+        if meta.kind == "allreduce":
+            return ("allreduce", [name], [meta])
+        if meta.kind == "allgather":
+            return ("allgather", name, meta, [metas[r].shape[0] if metas[r].shape else 1 for r in range(self.size)])
+        if meta.kind == "alltoall":
+            return ("alltoall", name, meta, [list(metas[r].splits) for r in range(self.size)])
+        return (meta.kind, name, meta)
+
+    def check_stalls(self):
+        """(warnings, fatal_message_or_None) for names some ranks submitted long ago and others never did."""
+        now = self.clock()
+        warnings, fatal = [], []
+        for name, entry in self.pending.items():
+            age = now - entry.first_seen
+            missing = set(range(self.size)) - set(entry.metas) - set(self.joined)
+            if age > self.stall_timeout_s:
+                fatal.append(f"tensor {name!r} was submitted by {_rank_list(entry.metas)} but not by "
+                             f"{_rank_list(missing)} for {age:.0f}s")
+            elif age > self.stall_warning_s and not entry.warned:
+                entry.warned = True
+                warnings.append(f"tensor {name!r} has waited {age:.0f}s: submitted by {_rank_list(entry.metas)}, "
+                                f"still missing on {_rank_list(missing)} (ranks diverged? a rank skipped a step?)")
+        if fatal:
+            return warnings, ("stall: " + "; ".join(fatal[:5]) + (f"; and {len(fatal) - 5} more" if len(fatal) > 5 else "")
+                              + f" (RINGTRAIN_STALL_TIMEOUT_S={self.stall_timeout_s:g})")
+        return warnings, None
