@@ -171,7 +171,12 @@ class RingtrainAPI:
         self.rt = rt
         if self.device == "cuda":
             _require_gpu()
-        rt.init(transport=self.transport)
+        try:
+            rt.init(transport=self.transport)
+        except Exception as exc:  # e.g. the transport's module has not landed: skip this impl, keep the run
+            if rt.is_initialized():
+                rt.shutdown()
+            raise Unavailable(f"rt.init(transport={self.transport!r}) failed: {type(exc).__name__}: {exc}")
         used = rt.transport_name(device=self.device)
         if used != self.transport:
             rt.shutdown()
