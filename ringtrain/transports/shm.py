@@ -1,0 +1,213 @@
+"""Shared-memory transport for the ranks of ONE node: each rank reduces its block straight from its peers' memory.
+
+    t = SharedMemoryTransport(MPI.COMM_WORLD.Dup(), Config(), Watchdog())
+    bucket = t.staging_buffer(nbytes).view(np.float32)   # lives in this rank's region of the shared window
+    bucket[:] = gradients                                 # packing IS the copy-in
+    t.allreduce(bucket, ReduceOp.SUM)                     # no copy in, no copy out
+
+Layout: an `MPI.Win.Allocate_shared` window on the node communicator; every rank owns a page-aligned header plus
+a data region of `fusion_threshold` bytes. Rank 0's header holds one cache line of flags per rank:
+[sequence number, byte offset of this collective's data in the owner's region]. A sequence number only grows;
+every synchronisation point is "bump mine, wait until every rank's is >= mine" (a flag barrier), polled through
+the Watchdog with its backoff -- no MPI call, no busy spin.
+
+Allreduce of one chunk (blocks laid out the same on every rank, block p reduced by rank p):
+  1. copy-in (skipped when the buffer already lives in our region) .................... barrier "ready"
+  2. rank r reads block r of every peer's region (ring order from r+1, so ranks don't all hit one peer)
+     and reduces it into its own region: one read + one reduce-write per element per peer  barrier "reduced"
+  3. rank r copies block p from owner p's region, for every p ........................... barrier "done"
+Why three barriers: in 2 peers read block r of our region, so we may not overwrite it (step 3 writes our
+region's other blocks only, which nobody reads any more); in 3 peers read our block r, and after we return the
+engine packs the next bucket into this region, so we may not leave before every peer has finished copying.
+Inputs larger than the region are processed in chunks, each holding 1/K of every block so every rank keeps
+working on every chunk. broadcast and alltoall go through nonblocking MPI on the same communicator.
+"""
+import numpy as np
+from mpi4py import MPI
+
+from .. import ops
+from ..errors import TransportError
+from .base import Transport, even_counts, offsets
+from . import mpi_util
+
+_PAGE = 4096
+_LINE = 64                     # one cache line of flags per rank, so ranks never write the same line
+_LINE_INT64 = _LINE // 8
+_SEQ, _OFFSET = 0, 1           # int64 slots in a flag line
+_MIN_CAPACITY = 4096           # keeps chunking sane when tests set a tiny fusion_threshold
+
+
+class SharedMemoryTransport(Transport):
+    """Reduce-scatter / allgather / allreduce through an MPI shared-memory window; all ranks on one node."""
+
+    name = "shm"
+    device = "cpu"
+
+    def __init__(self, comm, config, watchdog):
+        super().__init__(comm, config, watchdog)
+        self._closed = True
+        self._wire = mpi_util.WireTypes()
+        self._limit = config.max_message_elements
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        if node.Get_size() != self.size:
+            node_size = node.Get_size()
+            node.Free()
+            raise TransportError(f"shm transport needs every rank on one node, but rank {self.rank} shares its "
+                                 f"node with {node_size} of {self.size} ranks; use transport 'mpi'")
+        self._node = node              # same rank order as comm (key=rank), so node rank == comm rank
+        self.capacity = -(-max(int(config.fusion_threshold), _MIN_CAPACITY) // _PAGE) * _PAGE
+        header = -(-(self.size * _LINE) // _PAGE) * _PAGE
+        self._win = MPI.Win.Allocate_shared(header + self.capacity, 1, comm=node)
+        # a passive-target epoch for the whole lifetime, so Win.Sync() (a local memory barrier) is legal
+        self._win.Lock_all(MPI.MODE_NOCHECK)
+        self._closed = False
+        segments = []
+        for p in range(self.size):
+            mem, _ = self._win.Shared_query(p)
+            segments.append(np.frombuffer(mem, dtype=np.uint8))
+        self._data = [seg[header: header + self.capacity] for seg in segments]
+        lines = segments[0][: self.size * _LINE].view(np.int64).reshape(self.size, _LINE_INT64)
+        self._seqs = lines[:, _SEQ]            # strided view: one numpy min() reads every rank's sequence
+        self._offsets = lines[:, _OFFSET]
+        self._seq = 0
+        lines[self.rank, :] = 0                # the window is not zeroed by MPI; each rank clears its own line
+        self._win.Sync()
+        node.Barrier()
+        self._win.Sync()
+        self._region_address = self._data[self.rank].__array_interface__["data"][0]
+
+    # ---- buffers ---------------------------------------------------------------------------------------------
+
+    def staging_buffer(self, nbytes):
+        """This rank's own region when the bucket fits, so packing into it is the copy-in; else a private buffer
+        (and the collectives then copy in chunk by chunk). Valid until close()."""
+        if nbytes <= self.capacity:
+            return self._data[self.rank][:nbytes]
+        return super().staging_buffer(nbytes)
+
+    def _offset_in_region(self, buf):
+        """Byte offset of buf inside our region, or None when buf is ordinary memory."""
+        if buf.size == 0:
+            return None
+        start = buf.__array_interface__["data"][0] - self._region_address
+        if 0 <= start and start + buf.nbytes <= self.capacity:
+            if not buf.flags.c_contiguous:
+                raise ValueError(f"rank {self.rank}: shm buffers must be contiguous")
+            return start
+        if -buf.nbytes < start < self.capacity:
+            raise ValueError(f"rank {self.rank}: buffer of {buf.nbytes} bytes overlaps the end of the shared "
+                             f"region ({self.capacity} bytes); use staging_buffer(nbytes) with nbytes <= capacity")
+        return None
+
+    def _chunks(self, counts, itemsize, in_region):
+        """Per chunk: [(start in buf, count)] for every block. One chunk when the data fits the region; else K
+        chunks, each taking 1/K of every block (so every rank reduces in every chunk)."""
+        starts = offsets(counts)
+        total = sum(counts) * itemsize
+        if in_region is not None or total <= self.capacity:
+            return [list(zip(starts, counts))]
+        # each piece is at most ceil(count/K) elements: that is <= total/K + size elements per chunk
+        room = self.capacity - self.size * itemsize
+        k = -(-total // room)
+        steps = [-(-c // k) for c in counts]
+        return [[(s + min(c, i * st), min(c, (i + 1) * st) - min(c, i * st)) for s, c, st in zip(starts, counts, steps)]
+                for i in range(k)]
+
+    # ---- synchronisation -------------------------------------------------------------------------------------
+
+    def _barrier(self, what, offset=None):
+        """Publish that this rank reached the next sync point (and, with `offset`, where its data is), then wait
+        for every rank. Win.Sync orders our earlier window writes before the flag, and peers' after it."""
+        self._seq += 1
+        target = self._seq
+        if offset is not None:
+            self._offsets[self.rank] = offset
+        self._win.Sync()
+        self._seqs[self.rank] = target
+        seqs = self._seqs
+        self.watchdog.wait(lambda: seqs.min() >= target, f"shm {what} (rank {self.rank}, sync {target})")
+        self._win.Sync()
+
+    # ---- collectives -----------------------------------------------------------------------------------------
+
+    def allreduce(self, buf, op):
+        self._collective(buf, even_counts(buf.size, self.size), ops.as_op(op), reduce=True, gather=True)
+
+    def reducescatter(self, buf, counts, op):
+        self._collective(buf, counts, ops.as_op(op), reduce=True, gather=False)
+
+    def allgather(self, buf, counts):
+        self._collective(buf, counts, None, reduce=False, gather=True)
+
+    def _collective(self, buf, counts, op, reduce, gather):
+        if len(counts) != self.size or sum(counts) != buf.size:
+            raise ValueError(f"rank {self.rank}: counts {list(counts)} do not split a buffer of {buf.size} "
+                             f"elements into {self.size} blocks")
+        if self.size == 1 or buf.size == 0:
+            return
+        r, n, itemsize = self.rank, self.size, buf.itemsize
+        in_region = self._offset_in_region(buf)
+        my_offset = in_region if in_region is not None else 0
+        peers = [(r + i) % n for i in range(1, n)]       # ring order from r+1 spreads the readers
+        ufunc = ops.UFUNCS[op] if reduce else None
+        for chunk in self._chunks(counts, itemsize, in_region):
+            region_starts = offsets([c for _, c in chunk])
+
+            def mine(p):
+                s, c = chunk[p]
+                return buf[s: s + c]
+
+            def region(q, p, base):
+                lo = base + region_starts[p] * itemsize
+                return self._data[q][lo: lo + chunk[p][1] * itemsize].view(buf.dtype)
+
+            if in_region is None:           # copy-in of what peers will read from us
+                for p in range(n):
+                    if (p != r and reduce) or (p == r and not reduce):
+                        region(r, p, 0)[...] = mine(p)
+            self._barrier("ready", offset=my_offset)
+            bases = self._offsets.tolist()
+
+            if reduce:
+                own = mine(r)
+                if gather and in_region is None:
+                    # fold our own copy-in into the first reduction: region <- buf (op) first peer
+                    target = region(r, r, 0)
+                    ufunc(own, region(peers[0], r, bases[peers[0]]), out=target)
+                    rest = peers[1:]
+                else:
+                    target, rest = own, peers
+                for q in rest:
+                    ufunc(target, region(q, r, bases[q]), out=target)
+                if not gather:
+                    self._barrier("reduce-scatter done")     # peers have stopped reading our region
+                    continue
+                self._barrier("reduced")
+                if in_region is None:
+                    own[...] = target
+            for p in peers:
+                mine(p)[...] = region(p, p, bases[p])
+            self._barrier("allgather done")
+
+    def broadcast(self, buf, root):
+        if self.size == 1:
+            return
+        self.watchdog.wait_requests(mpi_util.ibcast_split(self.comm, buf, root, self._wire, self._limit),
+                                    f"broadcast from rank {root}")
+
+    def alltoall(self, send, send_counts, recv, recv_counts):
+        mpi_util.alltoall_split(self.comm, send, send_counts, recv, recv_counts, self._wire, self._limit,
+                                self.watchdog)
+
+    def close(self):
+        """Collective: frees the window (every staging buffer handed out becomes invalid) and communicators."""
+        if self._closed:
+            return
+        self._closed = True
+        self._data = self._seqs = self._offsets = None
+        self._win.Unlock_all()
+        self._win.Free()
+        self._node.Free()
+        self._wire.free()
+        if self.comm != MPI.COMM_WORLD:
+            self.comm.Free()
