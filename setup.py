@@ -1,0 +1,73 @@
+"""Packaging for ringtrain.
+
+csrc/ (the CUDA kernels' source) lives beside the package, not inside it, so that the kernels read as a project of
+their own. The wheel still has to carry it: build_py copies csrc/*.cu into ringtrain/_csrc/, where kernels.py looks
+first. An editable install (`pip install -e .`) needs no copy: kernels.py falls back to the source tree's csrc/.
+"""
+import pathlib
+import shutil
+
+from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+
+HERE = pathlib.Path(__file__).resolve().parent
+KERNEL_SOURCE_SUFFIXES = (".cu", ".cuh", ".h")
+
+
+class build_py_with_kernel_sources(build_py):
+    """build_py that also ships csrc/ as ringtrain/_csrc/ inside the built package."""
+
+    def run(self):
+        super().run()
+        source_dir = HERE / "csrc"
+        target_dir = pathlib.Path(self.build_lib) / "ringtrain" / "_csrc"
+        if not source_dir.is_dir():
+            return
+        target_dir.mkdir(parents=True, exist_ok=True)
+        for path in sorted(source_dir.iterdir()):
+            if path.suffix in KERNEL_SOURCE_SUFFIXES:
+                shutil.copy2(path, target_dir / path.name)
+
+    def get_outputs(self, include_bytecode=True):
+        outputs = list(super().get_outputs(include_bytecode))
+        source_dir = HERE / "csrc"
+        if source_dir.is_dir():
+            target_dir = pathlib.Path(self.build_lib) / "ringtrain" / "_csrc"
+            outputs += [str(target_dir / p.name) for p in sorted(source_dir.iterdir())
+                        if p.suffix in KERNEL_SOURCE_SUFFIXES]
+        return outputs
+
+
+readme = HERE / "README.md"
+
+setup(
+    name="ringtrain",
+    version="0.1.0",
+    description="Horovod-style data-parallel training with its own ring allreduce over MPI, shared memory, NCCL "
+                "and CUDA IPC",
+    long_description=readme.read_text(encoding="utf-8") if readme.exists() else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    packages=find_packages(include=["ringtrain", "ringtrain.*"]),
+    cmdclass={"build_py": build_py_with_kernel_sources},
+    install_requires=[
+        "numpy",
+        "ml_dtypes",
+        "mpi4py>=4",
+        # MPICH from pip gives a fresh machine a working `mpiexec`; cluster users swap in their own MPI (README).
+        "mpich; sys_platform == 'linux' or sys_platform == 'darwin'",
+    ],
+    extras_require={
+        "torch": ["torch>=2.1", "tqdm"],   # tqdm: the example's progress bar
+        "cuda12": ["cupy-cuda12x", "nvidia-nccl-cu12"],
+        "cuda13": ["cupy-cuda13x", "nvidia-nccl-cu13"],
+        "test": ["pytest", "pytest-mpi", "pytest-timeout", "hypothesis", "scikit-learn"],
+        "bench": ["matplotlib", "tqdm"],
+    },
+    entry_points={"console_scripts": ["ringtrain-run = ringtrain.run:main"]},
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Operating System :: POSIX :: Linux",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)
