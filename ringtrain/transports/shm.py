@@ -34,7 +34,6 @@ _PAGE = 4096
 _LINE = 64                     # one cache line of flags per rank, so ranks never write the same line
 _LINE_INT64 = _LINE // 8
 _SEQ, _OFFSET = 0, 1           # int64 slots in a flag line
-_MIN_CAPACITY = 4096           # keeps chunking sane when tests set a tiny fusion_threshold
 
 
 class SharedMemoryTransport(Transport):
@@ -55,7 +54,8 @@ class SharedMemoryTransport(Transport):
             raise TransportError(f"shm transport needs every rank on one node, but rank {self.rank} shares its "
                                  f"node with {node_size} of {self.size} ranks; use transport 'mpi'")
         self._node = node              # same rank order as comm (key=rank), so node rank == comm rank
-        self.capacity = -(-max(int(config.fusion_threshold), _MIN_CAPACITY) // _PAGE) * _PAGE
+        # whole cache lines; at least two int64 per rank so a chunk always has room for a piece of every block
+        self.capacity = -(-max(int(config.fusion_threshold), 16 * self.size, _LINE) // _LINE) * _LINE
         header = -(-(self.size * _LINE) // _PAGE) * _PAGE
         self._win = MPI.Win.Allocate_shared(header + self.capacity, 1, comm=node)
         # a passive-target epoch for the whole lifetime, so Win.Sync() (a local memory barrier) is legal
