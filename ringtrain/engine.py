@@ -32,6 +32,7 @@ TAG_TO_COORDINATOR = 11
 TAG_FROM_COORDINATOR = 12
 STALL_CHECK_PERIOD_S = 0.5
 DEAD_PEER_EXIT_GRACE_S = 5.0
+IDLE_SLEEP_S = 0.02           # engine sleep with nothing in flight (still wakes at once on submit)
 
 
 def _numel(shape):
@@ -156,10 +157,16 @@ class Engine:
             if busy:
                 idle = 0
                 continue
-            # nothing to do: sleep, waking at once for local submissions; back off to cycle_time when idle long
+            # Nothing to do this pass. With collectives in flight an answer (or a peer's submission) can arrive any
+            # moment, so poll every few tens of microseconds, backing off to cycle_time. With nothing in flight no
+            # answer can be owed to us: sleep long, waking at once for a local submission.
             idle += 1
-            self.wake.wait(min(self.config.cycle_time_ms * 1e-3, 2e-5 * idle))
-            self.wake.clear()
+            if self.inflight or self.join_handle is not None or (self.coordinator and self.coordinator.pending):
+                delay = min(self.config.cycle_time_ms * 1e-3, 2e-5 * idle)
+            else:
+                delay = IDLE_SLEEP_S
+            if self.wake.wait(delay):
+                self.wake.clear()
 
     def _drain_local_queue(self):
         items = []
