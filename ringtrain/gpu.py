@@ -21,16 +21,32 @@ _bound = None          # device id chosen by bind()
 _device_ops = None
 
 
+def _driver_device_count():
+    """Devices the CUDA driver reports, asked through libcuda with ctypes so that a machine without a working
+    driver never imports cupy (0 when libcuda is missing or cuInit fails)."""
+    import ctypes
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+        count = ctypes.c_int(0)
+        if libcuda.cuInit(0) != 0 or libcuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+            return 0
+        return count.value
+    except (OSError, AttributeError):
+        return 0
+
+
 def available():
-    """True when cupy imports and at least one CUDA device answers; any CUDA error (no driver:
-    cudaErrorInsufficientDriver, no device) means False, without a message."""
+    """True when the driver sees a device, cupy imports and its runtime agrees; anything else (no libcuda,
+    cudaErrorInsufficientDriver, zero devices, no cupy) means False, without a message."""
     global _available
     if _available is None:
-        try:
-            import cupy
-            _available = cupy.cuda.runtime.getDeviceCount() > 0
-        except Exception:
-            _available = False
+        _available = False
+        if _driver_device_count() > 0:
+            try:
+                import cupy
+                _available = cupy.cuda.runtime.getDeviceCount() > 0
+            except Exception:
+                _available = False
     return _available
 
 
@@ -205,3 +221,21 @@ def device_ops():
             if _device_ops is None:
                 _device_ops = DeviceOps()
     return _device_ops
+
+
+class GrowingBuffer:
+    """A reusable 1-D uint8 device buffer; get(n) returns its first n bytes, reallocating only to grow.
+    Transports keep staging and receive scratch in these so a training step allocates nothing."""
+
+    def __init__(self):
+        self._array = None
+
+    def get(self, nbytes):
+        if self._array is None or self._array.nbytes < nbytes:
+            import cupy
+            with cupy.cuda.Device(bound_device()):
+                self._array = cupy.empty(max(int(nbytes), 1), dtype=cupy.uint8)
+        return self._array[:nbytes]
+
+    def release(self):
+        self._array = None

@@ -15,8 +15,8 @@ Each .cu file becomes one cupy.RawModule (NVRTC), compiled once per device and c
 binary in its on-disk kernel cache, so a second process pays no compile time). Every helper takes `stream`
 (default: the current cupy stream) and never synchronises.
 
-The sources are found next to the package in a source checkout (<repo>/csrc) and inside it in an installed wheel
-(ringtrain/_csrc, shipped by setup.py). This module imports cupy at import time: import it only on the GPU path.
+The sources are found inside the package in an installed wheel (ringtrain/_csrc, shipped by setup.py) and next
+to it in a source checkout (<repo>/csrc). This module imports cupy at import time: import it only on the GPU path.
 """
 import math
 import os
@@ -46,13 +46,14 @@ _TABLE_CACHE = 256
 
 
 def csrc_dir():
-    """Directory holding the .cu sources: <repo>/csrc in a checkout, else ringtrain/_csrc from a wheel."""
+    """Directory holding the .cu sources: ringtrain/_csrc in an installed wheel (setup.py copies them there),
+    else <repo>/csrc in a source checkout or editable install."""
     here = os.path.dirname(os.path.abspath(__file__))
-    for candidate in (os.path.join(os.path.dirname(here), "csrc"), os.path.join(here, "_csrc")):
+    for candidate in (os.path.join(here, "_csrc"), os.path.join(os.path.dirname(here), "csrc")):
         if all(os.path.isfile(os.path.join(candidate, f)) for f in SOURCES):
             return candidate
     raise FileNotFoundError(f"ringtrain's CUDA sources ({', '.join(SOURCES)}) are neither in "
-                            f"{os.path.join(os.path.dirname(here), 'csrc')} nor in {os.path.join(here, '_csrc')}; "
+                            f"{os.path.join(here, '_csrc')} nor in {os.path.join(os.path.dirname(here), 'csrc')}; "
                             "reinstall ringtrain (the wheel ships them as ringtrain/_csrc)")
 
 
