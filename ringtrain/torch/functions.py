@@ -1,0 +1,314 @@
+"""The core API on torch tensors, with Horovod's names.
+
+CPU tensors are handed to the core as numpy views of the same memory (no copy): `t.detach().numpy()`, and bfloat16,
+which numpy lacks, as an int16 view reinterpreted as ml_dtypes.bfloat16. CUDA tensors go through DLPack into the GPU
+path (ringtrain.gpu), imported only when a CUDA tensor is seen, so the CPU path never imports cupy.
+
+Trailing underscore = in place (`allreduce_(t)` writes the result into `t`), as in Horovod and torch.
+Every *_async call returns a TensorHandle; `synchronize(handle)` (or `handle.wait()`) returns torch tensors.
+
+    import ringtrain.torch as hvd
+    hvd.init()
+    total = hvd.allreduce(torch.tensor([float(hvd.rank())]), op=hvd.Sum)   # tensor([0+1+...+size-1])
+"""
+import ml_dtypes
+import numpy as np
+import torch
+
+import ringtrain as _core
+from ringtrain.ops import Average, Sum, Min, Max, Product, ReduceOp, as_op  # noqa: F401  (re-exported)
+
+from .compression import Compression
+
+_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+
+# ---------------------------------------------------------------- lifecycle and topology (thin pass-through)
+
+def init(comm=None, **config_overrides):
+    """Start ringtrain (MPI, topology, engine). Keyword overrides are ringtrain.config.Config fields."""
+    return _core.init(comm, **config_overrides)
+
+
+def shutdown():
+    return _core.shutdown()
+
+
+def is_initialized():
+    return _core.is_initialized()
+
+
+def rank():
+    return _core.rank()
+
+
+def size():
+    return _core.size()
+
+
+def local_rank():
+    return _core.local_rank()
+
+
+def local_size():
+    return _core.local_size()
+
+
+def cross_rank():
+    return _core.cross_rank()
+
+
+def cross_size():
+    return _core.cross_size()
+
+
+def device():
+    """torch.device of the GPU bound to this rank at init, or cpu on machines without one."""
+    gpu = _core.gpu_device()
+    return torch.device("cpu") if gpu is None else torch.device("cuda", gpu)
+
+
+# ---------------------------------------------------------------- tensor <-> array
+
+def to_array(tensor):
+    """A numpy (CPU) or cupy (CUDA) array sharing memory with `tensor`. The tensor must be contiguous:
+    callers that need in-place semantics make it so first (see _contiguous)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
+    t = tensor.detach()
+    if t.is_cuda:
+        from ringtrain.gpu import from_dlpack  # GPU path only: keeps cupy out of CPU-only processes
+        return from_dlpack(t)
+    if t.device.type != "cpu":
+        raise TypeError(f"tensors on device {t.device} are not supported; use cpu or cuda")
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(_BFLOAT16)
+    return t.numpy()
+
+
+def from_array(array):
+    """A torch tensor sharing memory with a numpy or cupy array (the inverse of to_array)."""
+    if isinstance(array, np.ndarray) or np.isscalar(array):
+        array = np.asarray(array)
+        if array.dtype == _BFLOAT16:
+            return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+        if not array.flags.writeable:   # torch warns on read-only buffers; results are ours to own
+            array = array.copy()
+        return torch.from_numpy(array)
+    return torch.from_dlpack(array)      # cupy (CUDA) results
+
+
+def _contiguous(tensor):
+    return tensor if tensor.is_contiguous() else tensor.contiguous()
+
+
+class TensorHandle:
+    """Wraps the core Handle: wait() converts the arrays it returns back into torch tensors."""
+    __slots__ = ("handle", "_finish", "_done", "_result")
+
+    def __init__(self, handle, finish):
+        self.handle = handle
+        self._finish = finish
+        self._done = False
+        self._result = None
+
+    @property
+    def times(self):
+        return self.handle.times
+
+    def poll(self):
+        return self.handle.poll()
+
+    def wait(self, timeout=None):
+        if not self._done:
+            self._result = self._finish(self.handle.wait(timeout))
+            self._done = True
+        return self._result
+
+    def __repr__(self):
+        return f"<TensorHandle {self.handle!r}>"
+
+
+def synchronize(handle):
+    """Block until an async collective finishes; return its result as torch tensor(s)."""
+    return handle.wait()
+
+
+def poll(handle):
+    """True once an async collective has finished; never blocks."""
+    return handle.poll()
+
+
+def _resolve_op(op, average):
+    """Horovod's deprecated `average=` flag still works; `op` wins when both are given."""
+    if op is not None:
+        return as_op(op)
+    if average is None or average:
+        return Average
+    return Sum
+
+
+# ---------------------------------------------------------------- allreduce
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    """Start an allreduce of `tensor` into a new tensor; returns a TensorHandle."""
+    op = _resolve_op(op, average)
+    array = to_array(_contiguous(tensor))
+    handle = _core.allreduce_async(array, op=op, name=name, prescale_factor=prescale_factor,
+                                   postscale_factor=postscale_factor)
+    return TensorHandle(handle, from_array)
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0):
+    """Reduce `tensor` over all ranks (default: Average) and return the result as a new tensor.
+    `compression` casts it for the wire (e.g. Compression.fp16) and back."""
+    compressed, ctx = compression.compress(tensor)
+    result = allreduce_async(compressed, average, name, op, prescale_factor, postscale_factor).wait()
+    return compression.decompress(result, ctx)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    """Start an in-place allreduce: the result is written into `tensor`; the handle's wait() returns `tensor`."""
+    op = _resolve_op(op, average)
+    work = _contiguous(tensor)
+    array = to_array(work)
+    handle = _core.allreduce_async(array, op=op, name=name, prescale_factor=prescale_factor,
+                                   postscale_factor=postscale_factor, out=array)
+    return TensorHandle(handle, lambda _result: _copy_back(tensor, work))
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor).wait()
+
+
+def _copy_back(tensor, work):
+    """In-place ops on a non-contiguous tensor ran on a contiguous copy; put the result where the user expects it."""
+    if work is not tensor:
+        with torch.no_grad():
+            tensor.copy_(work)
+    return tensor
+
+
+# ---------------------------------------------------------------- grouped allreduce (one fused negotiation for many)
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    op = _resolve_op(op, average)
+    arrays = [to_array(_contiguous(t)) for t in tensors]
+    handle = _core.grouped_allreduce_async(arrays, op=op, name=name, **_scales(prescale_factor, postscale_factor))
+    return TensorHandle(handle, lambda results: [from_array(r) for r in results])
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0):
+    compressed = [compression.compress(t) for t in tensors]
+    results = grouped_allreduce_async([c for c, _ in compressed], average, name, op,
+                                      prescale_factor, postscale_factor).wait()
+    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, compressed)]
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    """In-place grouped allreduce: each result lands in its own tensor; wait() returns the list of tensors."""
+    op = _resolve_op(op, average)
+    tensors = list(tensors)
+    works = [_contiguous(t) for t in tensors]
+    arrays = [to_array(w) for w in works]
+    handle = _core.grouped_allreduce_async(arrays, op=op, name=name, outs=arrays,
+                                           **_scales(prescale_factor, postscale_factor))
+    return TensorHandle(handle, lambda _results: [_copy_back(t, w) for t, w in zip(tensors, works)])
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    return grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor).wait()
+
+
+def _scales(prescale_factor, postscale_factor):
+    """Pass scale factors only when they do something (keeps the common call minimal)."""
+    scales = {}
+    if prescale_factor != 1.0:
+        scales["prescale_factor"] = prescale_factor
+    if postscale_factor != 1.0:
+        scales["postscale_factor"] = postscale_factor
+    return scales
+
+
+# ---------------------------------------------------------------- allgather, broadcast, alltoall, reducescatter
+
+def allgather_async(tensor, name=None):
+    """Concatenate every rank's tensor along dim 0 (dim 0 may differ per rank)."""
+    handle = _core.allgather_async(to_array(_contiguous(tensor)), name=name)
+    return TensorHandle(handle, from_array)
+
+
+def allgather(tensor, name=None):
+    return allgather_async(tensor, name).wait()
+
+
+def broadcast_async(tensor, root_rank=0, name=None):
+    """Start a broadcast of root_rank's `tensor` into a new tensor on every rank."""
+    handle = _core.broadcast_async(to_array(_contiguous(tensor)), root_rank=root_rank, name=name)
+    return TensorHandle(handle, from_array)
+
+
+def broadcast(tensor, root_rank=0, name=None):
+    return broadcast_async(tensor, root_rank, name).wait()
+
+
+def broadcast_async_(tensor, root_rank=0, name=None):
+    """Start an in-place broadcast: every rank's `tensor` becomes root_rank's."""
+    work = _contiguous(tensor)
+    array = to_array(work)
+    handle = _core.broadcast_async(array, root_rank=root_rank, name=name, out=array)
+    return TensorHandle(handle, lambda _result: _copy_back(tensor, work))
+
+
+def broadcast_(tensor, root_rank=0, name=None):
+    return broadcast_async_(tensor, root_rank, name).wait()
+
+
+def alltoall_async(tensor, splits=None, name=None):
+    """Send splits[i] rows of `tensor` (dim 0) to rank i; wait() returns (received tensor, received_splits tensor)."""
+    if isinstance(splits, torch.Tensor):
+        splits = splits.tolist()
+    handle = _core.alltoall_async(to_array(_contiguous(tensor)), splits=splits, name=name)
+
+    def finish(result):
+        received, received_splits = result
+        return from_array(received), torch.as_tensor(np.asarray(received_splits, dtype=np.int64))
+    return TensorHandle(handle, finish)
+
+
+def alltoall(tensor, splits=None, name=None):
+    return alltoall_async(tensor, splits, name).wait()
+
+
+def reducescatter_async(tensor, op=Average, name=None):
+    """Reduce over ranks and keep this rank's block of dim 0 (first blocks larger when it does not divide)."""
+    handle = _core.reducescatter_async(to_array(_contiguous(tensor)), op=as_op(op), name=name)
+    return TensorHandle(handle, from_array)
+
+
+def reducescatter(tensor, op=Average, name=None):
+    return reducescatter_async(tensor, op, name).wait()
+
+
+# ---------------------------------------------------------------- control and objects
+
+def barrier():
+    return _core.barrier()
+
+
+def join():
+    """This rank has no more data: it contributes zeros to the other ranks' allreduces until every rank has joined.
+    Returns the last rank to join (the one whose parameters saw every step; broadcast from it afterwards)."""
+    return _core.join()
+
+
+def broadcast_object(obj, root_rank=0, name=None):
+    """root_rank's picklable object on every rank. Uses pickle: only for trusted peers (your own job's ranks)."""
+    return _core.broadcast_object(obj, root_rank=root_rank, name=name)
+
+
+def allgather_object(obj, name=None):
+    """List of every rank's picklable object, in rank order. Uses pickle: only for trusted peers."""
+    return _core.allgather_object(obj, name=name)

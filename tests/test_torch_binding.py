@@ -1,0 +1,141 @@
+"""Single-process tests of ringtrain.torch: tensor<->array views, compression, bucket layout, and the optimizer on
+one rank (where it must behave exactly like the optimizer it wraps)."""
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+import ringtrain.torch as hvd
+from ringtrain.errors import RingtrainError
+from ringtrain.torch import functions
+from ringtrain.torch.optimizer import _describe_model_mismatch, _layout_buckets
+
+
+@pytest.fixture(scope="module")
+def rt():
+    if not hvd.is_initialized():
+        hvd.init()
+    return hvd
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64,
+                                   torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool])
+def test_to_array_shares_memory_and_round_trips(dtype):
+    t = (torch.arange(12) % 5).reshape(3, 4).to(dtype)
+    a = functions.to_array(t)
+    assert a.shape == (3, 4)
+    assert a.ctypes.data == t.data_ptr()               # a view, not a copy
+    if dtype == torch.bfloat16:
+        assert a.dtype == np.dtype(ml_dtypes.bfloat16)
+    back = functions.from_array(a)
+    assert back.dtype == dtype and back.data_ptr() == t.data_ptr()
+    assert torch.equal(back, t)
+
+
+def test_to_array_of_parameter_writes_through():
+    p = torch.nn.Parameter(torch.zeros(4))
+    functions.to_array(p)[:] = 7.0
+    assert p.detach().tolist() == [7.0] * 4
+
+
+def test_to_array_rejects_non_tensors():
+    with pytest.raises(TypeError, match="expected a torch.Tensor"):
+        functions.to_array(np.zeros(3))
+
+
+@pytest.mark.parametrize("compression, wire_dtype, tolerance", [
+    (hvd.Compression.none, torch.float32, 0.0),
+    (hvd.Compression.fp16, torch.float16, 1e-3),
+    (hvd.Compression.bf16, torch.bfloat16, 8e-3),
+])
+def test_compression_round_trip(compression, wire_dtype, tolerance):
+    x = torch.linspace(-3, 3, 101)
+    wire, ctx = compression.compress(x)
+    assert wire.dtype == wire_dtype
+    back = compression.decompress(wire, ctx)
+    assert back.dtype == torch.float32
+    np.testing.assert_allclose(back.numpy(), x.numpy(), rtol=tolerance, atol=tolerance)
+
+
+def test_compression_leaves_integers_alone():
+    x = torch.arange(5)
+    wire, ctx = hvd.Compression.fp16.compress(x)
+    assert wire.dtype == torch.int64 and torch.equal(hvd.Compression.fp16.decompress(wire, ctx), x)
+
+
+def test_bucket_layout_small_first_then_cap_and_split_by_dtype():
+    kb = lambda n, dtype=torch.float32: torch.zeros(n * 256, dtype=dtype)   # n KiB of float32
+    params = [kb(600), kb(600), kb(600), kb(600), kb(600), kb(16, torch.float64), kb(16, torch.float64)]
+    buckets = _layout_buckets(params, first_bucket_bytes=1 << 20, bucket_bytes=2 << 20)
+    sizes = [len(b) for b in buckets]
+    assert sizes == [1, 3, 1, 2]      # 600K alone (cap 1M), then 3x600K <= 2M, 600K, then the float64 pair apart
+    assert [p for b in buckets for p in b] == params
+
+
+def test_model_mismatch_message_names_parameter_and_ranks():
+    rank0 = [("fc.weight", (10, 4), "float32", True), ("fc.bias", (10,), "float32", True)]
+    rank1 = [("fc.weight", (10, 3), "float32", True), ("fc.bias", (10,), "float32", True)]
+    rank2 = [("fc.weight", (10, 4), "float32", True)]
+    message = _describe_model_mismatch([rank0, rank1, rank2])
+    assert "'fc.weight'" in message and "(10, 4)" in message and "(10, 3)" in message
+    assert "ranks [0, 2]" in message and "ranks [1]" in message
+    assert "'fc.bias' exists on ranks [0, 1] but not on ranks [2]" in message
+    reordered = _describe_model_mismatch([rank0, list(reversed(rank0))])
+    assert "different order" in reordered
+
+
+def _tiny_model(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 2)).double()
+
+
+@pytest.mark.parametrize("make_optimizer", [
+    lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+    lambda params: torch.optim.Adam(params, lr=0.01),
+])
+def test_one_rank_distributed_optimizer_equals_plain_optimizer(rt, make_optimizer):
+    plain_model, dist_model = _tiny_model(0), _tiny_model(0)
+    plain = make_optimizer(plain_model.parameters())
+    dist = hvd.DistributedOptimizer(make_optimizer(dist_model.parameters()),
+                                    named_parameters=dist_model.named_parameters())
+    assert isinstance(dist, type(plain))
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(5):
+        x = torch.randn(8, 5, generator=generator, dtype=torch.float64)
+        for model, opt in ((plain_model, plain), (dist_model, dist)):
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+    for a, b in zip(plain_model.parameters(), dist_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_named_parameters_must_cover_the_optimizer(rt):
+    model = _tiny_model(0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="missing from named_parameters"):
+        hvd.DistributedOptimizer(opt, named_parameters=list(model.named_parameters())[:2])
+
+
+def test_too_many_backward_passes_is_an_error(rt):
+    model = _tiny_model(0)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    x = torch.ones(2, 5, dtype=torch.float64)
+    model(x).sum().backward()
+    with pytest.raises(RingtrainError, match="more than backward_passes_per_step=1"):
+        model(x).sum().backward()
+    opt.synchronize()
+
+
+def test_zero_grad_with_pending_allreduce_is_an_error(rt):
+    model = torch.nn.Linear(5, 3).double()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), first_bucket_mb=0)
+    model(torch.ones(2, 5, dtype=torch.float64)).sum().backward()
+    with pytest.raises(RingtrainError, match="before optimizer.step"):
+        opt.zero_grad()
+    opt.step()
+    opt.zero_grad()
+
+
+def test_device_is_cpu_without_gpu(rt):
+    assert hvd.device() == torch.device("cpu")
