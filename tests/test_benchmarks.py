@@ -1,0 +1,167 @@
+"""The benchmark scripts keep running: each --quick mode runs here and its output is checked for structure and
+correctness (#wrong == 0, parameters in sync), never for speed. Deselect with `-m "not bench"`."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH_DIR = os.path.join(REPO_ROOT, "benchmarks")
+sys.path.insert(0, BENCH_DIR)
+
+import common          # noqa: E402  (benchmarks/ is a folder of scripts, not a package)
+import scaling_model   # noqa: E402
+
+pytestmark = pytest.mark.bench
+
+RECORD_KEYS = {"impl", "ranks", "bytes", "dtype", "op", "time_us", "algbw_gbps", "busbw_gbps", "wrong"}
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def mpiexec():
+    beside_python = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return beside_python if os.path.exists(beside_python) else shutil.which("mpiexec")
+
+
+def run_script(command, timeout):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH")) if p)
+    done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{' '.join(command)} exited {done.returncode}\n{done.stdout[-3000:]}\n" \
+                                 f"{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def assert_png(path):
+    with open(path, "rb") as f:
+        assert f.read(8) == PNG_MAGIC, f"{path} is not a PNG"
+
+
+@pytest.fixture(scope="module")
+def allreduce_quick(tmp_path_factory):
+    if mpiexec() is None:
+        pytest.skip("mpiexec not found")
+    folder = tmp_path_factory.mktemp("allreduce")
+    out_json, out_png = str(folder / "allreduce.json"), str(folder / "allreduce.png")
+    stdout = run_script([mpiexec(), "-n", "2", sys.executable, os.path.join(BENCH_DIR, "allreduce.py"), "--quick",
+                         "--json", out_json, "--png", out_png], timeout=150)
+    with open(out_json) as f:
+        return json.load(f), stdout, out_png, out_json
+
+
+def test_allreduce_quick_records_are_complete_and_correct(allreduce_quick):
+    records, stdout, out_png, _ = allreduce_quick
+    assert isinstance(records, list) and records
+    impls = {r["impl"] for r in records}
+    # the baselines and both host transports through the public API must all have run
+    assert {"MPI_Allreduce", "ringtrain-shm", "ringtrain-mpi"} <= impls, impls
+    for r in records:
+        assert RECORD_KEYS <= set(r), r
+        assert r["wrong"] == 0, f"{r['impl']} {r['dtype']} {r['bytes']} B: {r['wrong']} wrong elements"
+        assert r["ranks"] == 2 and r["dtype"] == "float32" and r["op"] == "sum"
+        assert r["time_us"] > 0
+        assert r["algbw_gbps"] == pytest.approx(r["bytes"] / (r["time_us"] * 1e-6) / 1e9, rel=1e-9)
+        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * 2 * (2 - 1) / 2, rel=1e-9)
+    for impl in impls:
+        sizes = sorted(r["bytes"] for r in records if r["impl"] == impl)
+        assert sizes == [4096, 16384, 65536, 262144, 1048576], (impl, sizes)
+    for column in ("size", "count", "dtype", "op", "time_us", "algbw", "busbw", "#wrong"):
+        assert column in stdout
+    assert "ratio vs MPI_Allreduce" in stdout and "memcpy bandwidth" in stdout
+    assert_png(out_png)
+
+
+def test_scaling_model_runs_on_the_quick_allreduce_json(allreduce_quick, tmp_path):
+    _, _, _, allreduce_json = allreduce_quick
+    out_json, out_png = str(tmp_path / "model.json"), str(tmp_path / "model.png")
+    stdout = run_script([sys.executable, os.path.join(BENCH_DIR, "scaling_model.py"), "--allreduce-json",
+                         allreduce_json, "--json", out_json, "--png", out_png], timeout=60)
+    with open(out_json) as f:
+        result = json.load(f)
+    assert {f["impl"] for f in result["fits"]} >= {"MPI_Allreduce", "ringtrain-shm"}
+    assert {p["algorithm"] for p in result["projections"]} == set(scaling_model.ALGORITHMS)
+    assert max(p["ranks"] for p in result["projections"]) == 1024
+    assert all(0 < p["efficiency"] <= 1 for p in result["projections"])
+    assert len(result["published"]) == len(scaling_model.PUBLISHED)
+    assert "agrees" in stdout or "too" in stdout
+    assert_png(out_png)
+
+
+def test_train_scaling_quick(tmp_path):
+    if mpiexec() is None:
+        pytest.skip("mpiexec not found")
+    pytest.importorskip("torch")
+    out_json, out_png = str(tmp_path / "train.json"), str(tmp_path / "train.png")
+    run_script([sys.executable, os.path.join(BENCH_DIR, "train_scaling.py"), "--quick", "--max-ranks", "2",
+                "--json", out_json, "--png", out_png], timeout=200)
+    with open(out_json) as f:
+        records = json.load(f)["records"]
+    ran = {(r["ranks"], r["mode"]): r for r in records if "skipped" not in r}
+    expected = {(n, m) for n in (1, 2) for m in ("no-comm", "ringtrain", "ringtrain-no-overlap", "torch-ddp")}
+    assert set(ran) == expected, sorted(ran)
+    for (ranks, mode), r in ran.items():
+        assert r["params_in_sync"], f"{mode} at {ranks} ranks left different parameters on different ranks"
+        assert r["samples_per_s_total"] == pytest.approx(ranks * r["samples_per_s_per_rank"])
+        assert 0 < r["efficiency"] < 2
+        if mode.startswith("ringtrain"):
+            # same seed, same data, averaged gradients: ringtrain must train exactly what DDP trains
+            assert r["max_param_diff_vs_ddp"] <= 1e-4, (ranks, mode, r["max_param_diff_vs_ddp"])
+            if ranks > 1:
+                assert r["hidden_share"] is not None and 0 <= r["hidden_share"] <= 1
+    assert ran[(1, "no-comm")]["efficiency"] == pytest.approx(1.0)
+    assert_png(out_png)
+
+
+# ---------------------------------------------------------------- the helpers and the model, no MPI
+
+def test_fit_recovers_known_alpha_and_beta():
+    alpha, bandwidth, ranks = 20e-6, 4e9, 2          # per hop; 2(N-1) hops moving bytes/N each
+    records = [{"impl": "x", "ranks": ranks, "bytes": n, "dtype": "float32", "op": "sum",
+                "time_us": 1e6 * (2 * (ranks - 1) * alpha + 2 * (ranks - 1) / ranks * n / bandwidth)}
+               for n in common.size_ladder(4096, 64 << 20)]
+    fit = scaling_model.fit_alpha_beta(records)["x"]
+    assert fit["alpha_us"] == pytest.approx(20.0, rel=1e-6)
+    assert fit["bandwidth_gbps"] == pytest.approx(4.0, rel=1e-6)
+    assert fit["max_relative_error"] < 1e-9
+
+
+def test_projection_formulas():
+    hw = {"intra_latency_s": 1e-6, "intra_bandwidth": 100e9, "network_latency_s": 10e-6, "network_bandwidth": 10e9}
+    nbytes = 100e6
+    # one rank per node: the hierarchical ring is the flat ring
+    assert scaling_model.comm_seconds("ring (hierarchical)", 16, 1, nbytes, hw) == pytest.approx(
+        scaling_model.comm_seconds("ring (flat)", 16, 1, nbytes, hw))
+    flat = 2 * 15 * (10e-6 + nbytes / (16 * 10e9))
+    assert scaling_model.comm_seconds("ring (flat)", 16, 1, nbytes, hw) == pytest.approx(flat)
+    # across nodes a parameter server without local aggregation moves g times more through each NIC than the ring
+    assert scaling_model.comm_seconds("parameter server", 64, 8, nbytes, hw) > \
+        3 * scaling_model.comm_seconds("ring (hierarchical)", 64, 8, nbytes, hw)
+    for algorithm in scaling_model.ALGORITHMS:
+        assert scaling_model.comm_seconds(algorithm, 1, 8, nbytes, hw) == 0.0
+        step, efficiency, _ = scaling_model.step_projection(algorithm, 1, 8, nbytes, 0.1, hw, 0.5, 32 << 20)
+        assert (step, efficiency) == (pytest.approx(0.1), pytest.approx(1.0))
+    # fully hidden communication costs nothing; unhidden adds straight to the step
+    _, hidden, comm = scaling_model.step_projection("ring (flat)", 2, 1, 1e6, 1.0, hw, 1.0, 32 << 20)
+    assert hidden == pytest.approx(1.0)
+    step, _, comm = scaling_model.step_projection("ring (flat)", 2, 1, 1e6, 1.0, hw, 0.0, 32 << 20)
+    assert step == pytest.approx(1.0 + comm)
+
+
+def test_common_helpers():
+    assert common.size_ladder(4, 256) == [4, 16, 64, 256]
+    assert common.bus_bandwidth(3.0, 4) == pytest.approx(3.0 * 2 * 3 / 4)
+    assert common.bus_bandwidth(3.0, 1) == 3.0
+    assert common.human_bytes(4096) == "4 KB" and common.human_bytes(1 << 20) == "1 MB"
+    records = [{"impl": i, "ranks": 2, "bytes": 4096, "count": 1024, "dtype": "float32", "op": "sum",
+                "time_us": t, "algbw_gbps": 4096 / t / 1e3, "busbw_gbps": 4096 / t / 1e3, "wrong": 0}
+               for i, t in (("MPI_Allreduce", 10.0), ("ours", 5.0))]
+    assert "2.00" in common.ratio_table(records, "MPI_Allreduce")
+    table = common.allreduce_table(records, "ours", roof_gbps=1.0)
+    assert "#wrong" in table and "of_memcpy" in table and "0.82" in table
+    assert common.median([3, 1, 2]) == 2 and common.median([4, 1, 2, 3]) == 2.5
+    assert common.geometric_mean([1, 4]) == pytest.approx(2.0)
+    assert np.isnan(common.geometric_mean([]))
