@@ -1,0 +1,26 @@
+"""The last rank names its tensor differently: neither name is ready everywhere, so no rank can tell it from a
+skipped step. Every rank must get a StallError (after RINGTRAIN_STALL_TIMEOUT_S) naming both tensors and the
+missing ranks. A stall is fatal to the engine (as in Horovod), so the next collective must fail at once too."""
+import sys
+
+import numpy as np
+
+import ringtrain as rt
+from _common import caught, check_usable, say
+
+rt.init()
+name = "grad.b" if rt.rank() == rt.size() - 1 else "grad.a"
+try:
+    rt.allreduce(np.ones(8, np.float32), op=rt.Sum, name=name)
+except rt.RingtrainError as e:
+    caught("name", e)
+else:
+    say("NO ERROR for divergent name")
+    sys.exit(3)
+try:
+    check_usable()
+except rt.RingtrainError as e:
+    say(f"AFTER-STALL {type(e).__name__}")
+    sys.exit(1)
+say("engine still usable after a stall")
+rt.shutdown()
