@@ -170,14 +170,17 @@ class RingtrainAPI:
             raise Unavailable(f"ringtrain core API not importable ({exc})")
         self.rt = rt
         if self.device == "cuda":
-            _require_gpu()
+            cupy = _require_gpu()
+            if self.transport == "nccl":
+                _require_gpu_per_rank(self.comm, cupy)
         try:
             rt.init(transport=self.transport)
         except Exception as exc:  # e.g. the transport's module has not landed: skip this impl, keep the run
             if rt.is_initialized():
                 rt.shutdown()
             raise Unavailable(f"rt.init(transport={self.transport!r}) failed: {type(exc).__name__}: {exc}")
-        used = rt.transport_name(device=self.device)
+        # the device transport is only built at the first device collective: checked in runner()'s check
+        used = rt.transport_name(device=self.device) if self.device == "cpu" else self.transport
         if used != self.transport:
             rt.shutdown()
             raise Unavailable(f"asked for transport {self.transport!r}, engine chose {used!r}")
@@ -194,6 +197,9 @@ class RingtrainAPI:
 
         def check():
             result = run()
+            used = rt.transport_name(device=self.device)
+            if used != self.transport:
+                raise Unavailable(f"asked for transport {self.transport!r}, engine chose {used!r}")
             return result.get() if self.device == "cuda" else result
         return run, check
 
@@ -287,12 +293,7 @@ class NcclAllreduce:
 
     def start(self):
         cupy = _require_gpu()
-        local = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
-        local_rank, local_size = local.Get_rank(), local.Get_size()
-        local.Free()
-        if cupy.cuda.runtime.getDeviceCount() < local_size:
-            raise Unavailable(f"{local_size} ranks on this node but only "
-                              f"{cupy.cuda.runtime.getDeviceCount()} GPU(s); NCCL needs one GPU per rank")
+        local_rank = _require_gpu_per_rank(self.comm, cupy)
         from cupy.cuda import nccl
         cupy.cuda.Device(local_rank).use()
         uid = self.comm.bcast(nccl.get_unique_id() if self.comm.Get_rank() == 0 else None, root=0)
@@ -322,6 +323,17 @@ class NcclAllreduce:
 
     def stop(self):
         self.nccl_comm.destroy()
+
+
+def _require_gpu_per_rank(comm, cupy):
+    """This rank's local rank, if every rank of the node can have its own GPU (NCCL refuses to share one)."""
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    local_rank, local_size = local.Get_rank(), local.Get_size()
+    local.Free()
+    if cupy.cuda.runtime.getDeviceCount() < local_size:
+        raise Unavailable(f"{local_size} ranks on this node but only {cupy.cuda.runtime.getDeviceCount()} "
+                          f"GPU(s); NCCL needs one GPU per rank")
+    return local_rank
 
 
 def _require_gpu():
@@ -412,15 +424,16 @@ def run_impl(impl, comm, sizes, dtypes, args, log):
         for nbytes in sizes:
             count = max(1, nbytes // dtype.itemsize)
             x = make_input(rank, count, dtype)
-            problem = None
+            problem = result = None
             try:
                 run, check = impl.runner(x, dtype_name, count * dtype.itemsize)
+                result = check()
             except Unavailable as exc:
                 problem = str(exc)
             if not agree(comm, problem is None):
                 log(f"# {impl.name} {dtype_name}: skipped ({problem or 'another rank could not run it'})")
                 break
-            wrong = count_wrong(check(), make_expected(ranks, count))
+            wrong = count_wrong(result, make_expected(ranks, count))
             wrong = comm.allreduce(wrong, op=MPI.SUM)
             seconds, calls = time_collective(run, comm, args.batch_seconds, args.repeats)
             algbw = count * dtype.itemsize / seconds / 1e9
