@@ -8,6 +8,9 @@
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
 """
+from ringtrain.errors import (RankFailureError, RingtrainError, StallError, TensorMismatchError,  # noqa: F401
+                              UnsupportedDtypeError)
+
 from .broadcast import broadcast_optimizer_state, broadcast_parameters
 from .compression import Compression
 from .functions import (

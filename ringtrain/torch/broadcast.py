@@ -51,13 +51,14 @@ class _TensorSpec:
         return torch.empty(self.shape, dtype=self.dtype)
 
 
-def _replace_tensors(obj, fn):
-    if isinstance(obj, torch.Tensor):
+def _replace(obj, kind, fn):
+    """obj with every instance of `kind` inside dicts, lists and tuples replaced by fn(instance)."""
+    if isinstance(obj, kind):
         return fn(obj)
     if isinstance(obj, dict):
-        return {k: _replace_tensors(v, fn) for k, v in obj.items()}
+        return {k: _replace(v, kind, fn) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_replace_tensors(v, fn) for v in obj)
+        return type(obj)(_replace(v, kind, fn) for v in obj)
     return obj
 
 
@@ -70,11 +71,11 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
     """
     is_root = functions.rank() == root_rank
     state_dict = optimizer.state_dict() if is_root else None
-    skeleton = _replace_tensors(state_dict, _TensorSpec) if is_root else None
+    skeleton = _replace(state_dict, torch.Tensor, _TensorSpec) if is_root else None
     skeleton = functions.broadcast_object(skeleton, root_rank=root_rank, name="broadcast_optimizer_state.skeleton")
     if not is_root:
         # load_state_dict checks group sizes against this rank's model and casts state to the parameters' device
-        optimizer.load_state_dict(_replace_tensors(skeleton, lambda spec: spec.allocate()))
+        optimizer.load_state_dict(_replace(skeleton, _TensorSpec, _TensorSpec.allocate))
     _broadcast_tensors_inplace(list(_live_state_tensors(optimizer)), root_rank)
 
 

@@ -1,0 +1,227 @@
+"""DistributedOptimizer on N ranks, each on its shard, must equal one process on the concatenated batch.
+
+Every rank also computes the one-process reference itself (all data is generated from fixed seeds), so the check
+needs no communication beyond what is under test.
+"""
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import ringtrain.torch as hvd
+from ringtrain.errors import TensorMismatchError
+
+STEPS = 10
+SHARD = 4           # rows per rank per backward pass
+
+
+@pytest.fixture(scope="module")
+def rt():
+    if not hvd.is_initialized():
+        hvd.init()
+    return hvd
+
+
+def make_model(seed=0, hidden=8, dtype=torch.float64):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 3)).to(dtype)
+
+
+def batches(size, passes, dtype=torch.float64):
+    """batches[step][pass] = (x, y) of size*SHARD rows; rank r's shard is rows r*SHARD:(r+1)*SHARD."""
+    generator = torch.Generator().manual_seed(1234)
+    return [[(torch.randn(size * SHARD, 6, generator=generator, dtype=dtype),
+              torch.randn(size * SHARD, 3, generator=generator, dtype=dtype)) for _ in range(passes)]
+            for _ in range(STEPS)]
+
+
+def train_reference(make_optimizer, data, dtype=torch.float64):
+    model = make_model(dtype=dtype)
+    opt = make_optimizer(model.parameters())
+    for step in data:
+        opt.zero_grad()
+        for x, y in step:                       # k passes accumulate, as on the ranks
+            torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return model
+
+
+def train_distributed(rt, make_optimizer, data, dtype=torch.float64, **options):
+    model = make_model(seed=100 + rt.rank(), dtype=dtype)      # different start: broadcast must fix it
+    opt = rt.DistributedOptimizer(make_optimizer(model.parameters()), named_parameters=model.named_parameters(),
+                                  backward_passes_per_step=len(data[0]), **options)
+    reference_start = make_model(dtype=dtype).state_dict() if rt.rank() == 0 else model.state_dict()
+    model.load_state_dict(reference_start)
+    rt.broadcast_parameters(model.state_dict(), root_rank=0)
+    rt.broadcast_optimizer_state(opt, root_rank=0)
+    lo, hi = rt.rank() * SHARD, (rt.rank() + 1) * SHARD
+    for step in data:
+        opt.zero_grad()
+        for x, y in step:
+            torch.nn.functional.mse_loss(model(x[lo:hi]), y[lo:hi]).backward()
+        opt.step()
+    return model, opt
+
+
+def assert_same_on_all_ranks(rt, model, name):
+    flat = torch.cat([p.detach().reshape(-1).double() for p in model.state_dict().values()])
+    everyone = rt.allgather_object(flat.numpy(), name=name)
+    for r, other in enumerate(everyone):
+        np.testing.assert_array_equal(other, everyone[0], err_msg=f"rank {r} differs from rank 0")
+
+
+OPTIMIZERS = {
+    "sgd_momentum": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+    "adam": lambda params: torch.optim.Adam(params, lr=0.01),
+}
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("passes", [1, 2])
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_n_ranks_equal_one_process_on_concatenated_batch(rt, optimizer, passes):
+    data = batches(rt.size(), passes)
+    model, _ = train_distributed(rt, OPTIMIZERS[optimizer], data)
+    reference = train_reference(OPTIMIZERS[optimizer], data)
+    moved = sum((p - q).abs().max().item() for p, q in zip(reference.parameters(), make_model().parameters()))
+    assert moved > 0.05      # training really changed the model, so equality below is not trivial
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-9, msg=lambda m: f"{name}: {m}")
+    assert_same_on_all_ranks(rt, model, f"check.{optimizer}.{passes}")
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("compression", ["fp16", "bf16"])
+def test_compressed_gradients_stay_close_to_reference(rt, compression):
+    data = batches(rt.size(), 1, dtype=torch.float32)
+    make = OPTIMIZERS["sgd_momentum"]
+    model, _ = train_distributed(rt, make, data, dtype=torch.float32,
+                                 compression=getattr(rt.Compression, compression))
+    reference = train_reference(make, data, dtype=torch.float32)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=0.05, atol=0.02)
+    assert_same_on_all_ranks(rt, model, f"check.{compression}")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_gradient_predivide_factor_gives_the_same_average(rt):
+    data = batches(rt.size(), 1)
+    make = OPTIMIZERS["sgd_momentum"]
+    model, _ = train_distributed(rt, make, data, gradient_predivide_factor=float(rt.size()))
+    reference = train_reference(make, data)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_broadcast_optimizer_state_of_stepped_and_lazy_adam(rt):
+    model = make_model(seed=7)
+    rt.broadcast_parameters(model.named_parameters(), root_rank=0)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01 * (rt.rank() + 1))
+    if rt.rank() == 0:                     # only the root has state; the others' Adam state does not exist yet
+        model(torch.ones(2, 6, dtype=torch.float64)).sum().backward()
+        opt.step()
+    rt.broadcast_optimizer_state(opt, root_rank=0)
+    state = opt.state_dict()
+    everyone = rt.allgather_object(state, name="check.adam_state")
+    assert everyone[0]["param_groups"][0]["lr"] == 0.01
+    for r, other in enumerate(everyone):
+        assert other["param_groups"] == everyone[0]["param_groups"], f"rank {r}"
+        assert sorted(other["state"]) == sorted(everyone[0]["state"]) == [0, 1, 2, 3]
+        for index, entry in everyone[0]["state"].items():
+            for key, value in entry.items():
+                torch.testing.assert_close(other["state"][index][key], value, rtol=0, atol=0)
+    # all lazy: nobody has state, everyone ends with none and root's hyper-parameters
+    fresh = torch.optim.Adam(model.parameters(), lr=0.5 + rt.rank())
+    rt.broadcast_optimizer_state(fresh, root_rank=1)
+    assert fresh.state_dict()["state"] == {} and fresh.param_groups[0]["lr"] == 1.5
+
+
+class Tower(torch.nn.Module):
+    """Several equal layers, so a small first bucket holds only the last ones."""
+    def __init__(self, width=64, depth=6):
+        super().__init__()
+        torch.manual_seed(3)
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(depth))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x
+
+
+@pytest.mark.mpi(min_size=2)
+def test_first_allreduce_is_submitted_before_backward_ends(rt):
+    model = Tower()
+    opt = rt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                  named_parameters=model.named_parameters(), first_bucket_mb=0.02, bucket_cap_mb=0.04)
+    first_layer = model.layers[0]
+    seen = []
+
+    def last_gradient_hook(param):           # registered after the optimizer's hooks: runs after them
+        submitted = [h.times["submitted"] for h, _, _ in opt._rt_handles.values()]
+        seen.append((time.perf_counter(), min(submitted) if submitted else None, len(opt._rt_buckets)))
+    first_layer.weight.register_post_accumulate_grad_hook(last_gradient_hook)
+    x = torch.randn(8, 64, generator=torch.Generator().manual_seed(rt.rank()))
+    for _ in range(3):                       # step 1: initial layout; later steps: rebuilt in observed order
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+    assert len(seen) == 3 and seen[0][2] > 2
+    for hook_time, first_submitted, _ in seen:
+        assert first_submitted is not None and first_submitted < hook_time
+    assert opt._rt_buckets[0].name.endswith(".g1.bucket0")           # layout was rebuilt after step 1
+    assert all(p is not first_layer.weight for p in opt._rt_buckets[0].params)
+    assert_same_on_all_ranks(rt, model, "check.tower")
+
+
+class Branchy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(5)
+        self.trunk = torch.nn.Linear(4, 4).double()
+        self.rank0_only = torch.nn.Linear(4, 4).double()     # used on rank 0 only
+        self.never_used = torch.nn.Linear(4, 4).double()
+        self.frozen = torch.nn.Linear(4, 4).double()
+        self.frozen.requires_grad_(False)
+
+    def forward(self, x, use_branch):
+        h = self.frozen(torch.tanh(self.trunk(x)))
+        return (self.rank0_only(h) if use_branch else h).sum(dim=1)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_unused_and_frozen_parameters_do_not_hang_and_match_reference(rt):
+    n = rt.size()
+    data = torch.randn(STEPS, n, 3, 4, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    model, reference = Branchy(), Branchy()
+    start = {k: v.clone() for k, v in reference.state_dict().items()}
+    opt = rt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  named_parameters=model.named_parameters())
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for step in range(STEPS):
+        opt.zero_grad()
+        model(data[step, rt.rank()], use_branch=rt.rank() == 0).pow(2).mean().backward()
+        opt.step()
+        ref_opt.zero_grad()   # one process: the mean over ranks of each rank's loss
+        sum(reference(data[step, r], use_branch=r == 0).pow(2).mean() for r in range(n)).div(n).backward()
+        ref_opt.step()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-9, msg=lambda m: f"{name}: {m}")
+    for name in ("never_used.weight", "frozen.weight"):
+        torch.testing.assert_close(model.state_dict()[name], start[name], rtol=0, atol=0)
+    assert model.frozen.weight.grad is None
+    assert not torch.equal(model.rank0_only.weight, start["rank0_only.weight"])
+    assert_same_on_all_ranks(rt, model, "check.branchy")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_model_mismatch_across_ranks_is_an_error_on_every_rank(rt):
+    model = make_model(hidden=8 if rt.rank() == 0 else 9)
+    with pytest.raises(TensorMismatchError) as error:
+        rt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                named_parameters=model.named_parameters())
+    message = str(error.value)
+    assert "'0.weight'" in message and "(8, 6)" in message and "(9, 6)" in message
+    assert "ranks [0]" in message and f"ranks {list(range(1, rt.size()))}" in message
