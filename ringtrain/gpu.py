@@ -210,7 +210,22 @@ class DeviceOps:
         # block=True: the waiting host thread sleeps in cudaEventSynchronize instead of spinning a core
         event = self._cupy.cuda.Event(block=True, disable_timing=True)
         event.record(stream)
-        return event
+        return CompletionEvent(event)
+
+
+class CompletionEvent:
+    """What Handle keeps for a device result: query() (non-blocking, for poll) and synchronize()
+    (cupy's Event spells the first `.done`)."""
+    __slots__ = ("event",)
+
+    def __init__(self, event):
+        self.event = event
+
+    def query(self):
+        return self.event.done
+
+    def synchronize(self):
+        self.event.synchronize()
 
 
 def device_ops():

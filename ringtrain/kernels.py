@@ -31,6 +31,7 @@ from .ops import ReduceOp
 
 THREADS = 256          # threads per block: 8 warps keeps an SM's memory pipeline full with 16-byte loads
 BLOCKS_PER_SM = 8      # grid-stride loops need only enough blocks to fill every SM several times over
+BATCHED_BLOCKS_PER_SM = 32   # batched copies of misaligned tensors move 4-byte units: more loads in flight
 MAX_GRID_Y = 65535     # CUDA's limit on gridDim.y (rows of a batched launch stride past it)
 
 SOURCES = ("reduce.cu", "batched_copy.cu", "cast.cu")
@@ -78,12 +79,12 @@ def _kernel(filename, name):
     return module(filename).get_function(name)
 
 
-def _blocks(units):
+def _blocks(units, per_sm=BLOCKS_PER_SM):
     device = cupy.cuda.runtime.getDevice()
     sms = _sm_counts.get(device)
     if sms is None:
         sms = _sm_counts[device] = cupy.cuda.Device(device).attributes["MultiProcessorCount"]
-    return max(1, min(math.ceil(units / THREADS), sms * BLOCKS_PER_SM))
+    return max(1, min(math.ceil(units / THREADS), sms * per_sm))
 
 
 def _ptr(array):
@@ -143,7 +144,8 @@ def _batched_launch(kernel, rows, max_units, extra_args, stream):
     if not rows:
         return
     grid_y = min(len(rows), MAX_GRID_Y)
-    grid_x = max(1, min(math.ceil(max_units / THREADS), _blocks(max_units * len(rows)) // grid_y or 1))
+    grid_x = max(1, min(math.ceil(max_units / THREADS),
+                        _blocks(max_units * len(rows), BATCHED_BLOCKS_PER_SM) // grid_y or 1))
     kernel((grid_x, grid_y), (THREADS,), (_table(tuple(rows)), np.int32(len(rows))) + extra_args, stream=stream)
 
 

@@ -105,7 +105,7 @@ class CudaIPCTransport(Transport):
     def _sync(self, what):
         event = cupy.cuda.Event(block=False, disable_timing=True)
         event.record(self._stream)
-        self.watchdog.wait(event.query, f"GPU work before {what}")
+        self.watchdog.wait(lambda: event.done, f"GPU work before {what}")
         if self.size > 1:
             self.watchdog.wait_requests([self.comm.Ibarrier()], f"cuda_ipc barrier ({what})")
 

@@ -78,14 +78,14 @@ class NCCLTransport(RingTransport):
         return self._record()
 
     def test(self, pending):
-        return pending.query()
+        return pending.done
 
     def reduce(self, dst, src, op):
         kernels.reduce(dst, src, op, stream=self._stream)
 
     def _wait_stream(self, what):
         event = self._record()
-        self.watchdog.wait(event.query, what)
+        self.watchdog.wait(lambda: event.done, what)
 
     # ---- the other collectives ----------------------------------------------------------------------------
     def broadcast(self, buf, root):

@@ -53,7 +53,7 @@ class HostStagedTransport(Transport):
     def _drain(self, what):
         event = cupy.cuda.Event(block=False, disable_timing=True)
         event.record(self._stream)
-        self.watchdog.wait(event.query, what)
+        self.watchdog.wait(lambda: event.done, what)
 
     def allreduce(self, buf, op):
         host = self._to_host(buf)
