@@ -1,0 +1,20 @@
+"""Every rank of a `mpiexec -n N python -m pytest --with-mpi tests/parallel` job shares one ringtrain world.
+
+init() once for the whole session (tests that need other settings shutdown() and init() again, and restore it);
+shutdown() at the end, so the engine thread and shared windows go before MPI_Finalize.
+"""
+import pytest
+
+import ringtrain
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ringtrain_world():
+    if not hasattr(ringtrain, "init"):          # core API not there yet: tests that need it will say so
+        yield None
+        return
+    if not ringtrain.is_initialized():
+        ringtrain.init()
+    yield ringtrain
+    if ringtrain.is_initialized():
+        ringtrain.shutdown()

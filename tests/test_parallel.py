@@ -1,0 +1,94 @@
+"""Runs tests/parallel/ as real mpiexec jobs on 2, 3 and 4 ranks, so `python -m pytest tests` covers them too.
+
+Each job is `mpiexec -n N python -m mpi4py -m pytest --with-mpi -x ... tests/parallel` with a hard timeout.
+`-m mpi4py` makes a rank that fails (pytest exits non-zero after -x) call MPI_Abort, which ends the whole job at once
+instead of leaving the other ranks waiting in their next collective until the per-test timeout. On failure or timeout
+the job's process group is killed and this test fails with the tail of the ranks' output.
+
+Single parallel file, by hand:  mpiexec -n 3 python -m pytest --with-mpi tests/parallel/test_collectives.py
+"""
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from ringtrain import run
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PARALLEL_DIR = os.path.join(REPO, "tests", "parallel")
+JOB_TIMEOUT_S = int(os.environ.get("RINGTRAIN_TEST_JOB_TIMEOUT_S", "900"))
+PER_TEST_TIMEOUT_S = 120
+OUTPUT_TAIL_CHARS = 30000
+NO_TESTS_COLLECTED = 5      # pytest's exit code
+
+# Test-run settings for the ranks; anything already set in the environment wins.
+RANK_ENVIRONMENT = {
+    "OMP_NUM_THREADS": "1",                  # up to 4 ranks share CI's 2 cores
+    "RINGTRAIN_STALL_WARNING_S": "10",
+    "RINGTRAIN_STALL_TIMEOUT_S": "60",       # a stalled collective fails its test well before the per-test timeout
+    "PYTHONFAULTHANDLER": "1",               # a rank stuck at the per-test timeout dumps its threads' stacks
+}
+
+
+def job_command(num_ranks, mpiexec, flavor):
+    cmd = [mpiexec, "-n", str(num_ranks)]
+    if flavor == "hydra":
+        cmd.append("-prepend-rank")          # "[r] ..." on every line: whose output is whose
+    return cmd + [sys.executable, "-m", "mpi4py", "-m", "pytest", "--with-mpi", "-x", "-q", "-p", "no:cacheprovider",
+                  f"--timeout={PER_TEST_TIMEOUT_S}", PARALLEL_DIR]
+
+
+def job_environment():
+    env = dict(os.environ)
+    for name, value in RANK_ENVIRONMENT.items():
+        env.setdefault(name, value)
+    # the ranks import the ringtrain under test, installed or not
+    env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def tail(path):
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - OUTPUT_TAIL_CHARS))
+        return f.read().decode(errors="replace")
+
+
+@pytest.mark.timeout(JOB_TIMEOUT_S + 60)
+@pytest.mark.parametrize("num_ranks", [2, 3, 4])
+def test_parallel_suite(num_ranks):
+    mpiexec = run.find_mpiexec()
+    cmd = job_command(num_ranks, mpiexec, run.mpi_flavor(mpiexec))
+    with tempfile.NamedTemporaryFile(prefix=f"ringtrain-parallel-{num_ranks}-", suffix=".log", delete=False) as log:
+        log_path = log.name
+    start = time.monotonic()
+    try:
+        with open(log_path, "wb") as log:
+            # own session: on timeout we SIGKILL mpiexec's group, and hydra's proxy then kills every rank
+            proc = subprocess.Popen(cmd, cwd=REPO, env=job_environment(), stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                returncode = proc.wait(timeout=JOB_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                returncode = None
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+        elapsed = time.monotonic() - start
+        output = tail(log_path)
+        if returncode is None:
+            pytest.fail(f"{num_ranks}-rank job did not finish within {JOB_TIMEOUT_S} s and was killed.\n"
+                        f"command: {' '.join(cmd)}\n--- last ranks' output ---\n{output}", pytrace=False)
+        if returncode == NO_TESTS_COLLECTED and "no tests ran" in output:
+            pytest.skip(f"no tests collected in {PARALLEL_DIR}")
+        if returncode != 0:
+            pytest.fail(f"{num_ranks}-rank job failed (mpiexec exit status {returncode}, {elapsed:.0f} s).\n"
+                        f"command: {' '.join(cmd)}\n--- last ranks' output ---\n{output}", pytrace=False)
+        print(f"{num_ranks}-rank job passed in {elapsed:.1f} s:\n{output[-2000:]}")
+    finally:
+        os.unlink(log_path)
