@@ -225,3 +225,38 @@ def test_model_mismatch_across_ranks_is_an_error_on_every_rank(rt):
     message = str(error.value)
     assert "'0.weight'" in message and "(8, 6)" in message and "(9, 6)" in message
     assert "ranks [0]" in message and f"ranks {list(range(1, rt.size()))}" in message
+
+
+@pytest.mark.mpi(min_size=2)
+def test_uneven_inputs_with_join(rt):
+    """Rank r has STEPS - 2r batches. After its last one it joins: the others' steps then average over the full
+    world size with zeros from the joined ranks (DDP's rule). The rank join() returns saw every step."""
+    n = rt.size()
+    steps_of = [STEPS - 2 * r for r in range(n)]
+    data = batches(n, 1)
+    make = OPTIMIZERS["sgd_momentum"]
+    model = make_model()
+    opt = rt.DistributedOptimizer(make(model.parameters()), named_parameters=model.named_parameters())
+    lo, hi = rt.rank() * SHARD, (rt.rank() + 1) * SHARD
+    for step in range(steps_of[rt.rank()]):
+        x, y = data[step][0]
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x[lo:hi]), y[lo:hi]).backward()
+        opt.step()
+    last = rt.join()
+    assert last == 0
+    rt.broadcast_parameters(model.state_dict(), root_rank=last)
+
+    reference = make_model()
+    ref_opt = make(reference.parameters())
+    for step in range(STEPS):
+        x, y = data[step][0]
+        ref_opt.zero_grad()
+        active = [r for r in range(n) if step < steps_of[r]]
+        loss = sum(torch.nn.functional.mse_loss(reference(x[r * SHARD:(r + 1) * SHARD]), y[r * SHARD:(r + 1) * SHARD])
+                   for r in active) / n
+        loss.backward()
+        ref_opt.step()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-9)
+    assert_same_on_all_ranks(rt, model, "check.join")
