@@ -49,7 +49,7 @@ def _agreed(ok):
     return MPI.COMM_WORLD.allreduce(0 if ok else 1, op=MPI.SUM) == 0
 
 
-@settings(derandomize=True, database=None, max_examples=12, deadline=None,
+@settings(derandomize=True, database=None, max_examples=8, deadline=None,
           suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_random_programs_match_numpy(soak_engine, data):
