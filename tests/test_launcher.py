@@ -27,7 +27,7 @@ def launcher_env(**extra):
 
 def start_launcher(args, **env):
     return subprocess.Popen([sys.executable, "-m", "ringtrain.run"] + args, env=launcher_env(**env),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
 
 
 def stop(proc):
