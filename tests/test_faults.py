@@ -226,7 +226,28 @@ def test_signal_to_launcher_stops_every_rank(sig):
     finally:
         _kill_group(proc)
     reader.join(5)
-    print(f"\n[fault] ringtrain-run {sig.name}: exit {code} in {seconds:.1f}s")
-    assert code != 0, "".join(lines)
+    output = "".join(lines)
+    print(f"\n[fault] ringtrain-run {sig.name}: exit {code} in {seconds:.1f}s; "
+          + " | ".join(line.strip() for line in lines if line.startswith("ringtrain-run")))
+    assert code != 0, output
     assert seconds < MUST_END_S
+    assert f"job stopped by {sig.name}" in output, output
     _assert_no_leftovers(pids)
+
+
+def test_sigkill_under_launcher_names_the_dead_rank():
+    """ringtrain-run wraps each rank, so it can say which rank died even though hydra only reports pids."""
+    if _launcher_cmd() is None:
+        pytest.skip("ringtrain.run (the ringtrain-run launcher) is not there yet")
+    n = 3
+    cmd = [sys.executable, "-m", "ringtrain.run", "-np", str(n), sys.executable, str(SCRIPTS / "sigkill.py")]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=HARD_KILL_S, start_new_session=True)
+    job = Job(proc.returncode, time.monotonic() - start, proc.stdout)
+    print(f"\n[fault] ringtrain-run sigkill.py n={n}: exit {job.returncode} in {job.seconds:.1f}s; "
+          + " | ".join(line for line in job.output.splitlines() if line.startswith("ringtrain-run")))
+    assert job.returncode != 0, job
+    assert job.seconds < MUST_END_S, job
+    assert re.search(rf"ringtrain-run: rank {n - 1} .*killed by signal SIGKILL", job.output), job
+    _assert_no_leftovers(job.pids())
