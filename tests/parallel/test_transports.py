@@ -6,6 +6,7 @@ Inputs are small integers, so every dtype (float16 and bfloat16 included) reduce
 compared bit for bit. Configs are tiny on purpose: 64-byte ring segments, 5- and 50-element MPI messages and a
 256-byte shared region force the pipelining, message-splitting and chunking paths even on small buffers.
 """
+import signal
 import time
 
 import numpy as np
@@ -76,27 +77,42 @@ def uneven_counts(size, nranks):
     return counts
 
 
-def assert_same(got, want, what):
-    got = np.asarray(got).astype(np.float64)
-    bad = np.flatnonzero(got != want)
-    assert bad.size == 0, (f"rank {MPI.COMM_WORLD.rank}: {what}: {bad.size} wrong, first at {bad[0]}: "
-                           f"got {got[bad[0]]}, want {want[bad[0]]}")
+class Mismatches:
+    """Collects wrong results instead of asserting at once: a rank that stopped early would leave its peers
+    blocked in the next collective. `assert_none()` gathers every rank's findings, so all ranks fail together."""
+
+    def __init__(self):
+        self.found = []
+
+    def check(self, got, want, what):
+        got = np.asarray(got).astype(np.float64)
+        bad = np.flatnonzero(got != want)
+        if bad.size:
+            self.found.append(f"rank {MPI.COMM_WORLD.rank}: {what}: {bad.size} wrong, first at {bad[0]}: "
+                              f"got {got[bad[0]]}, want {want[bad[0]]}")
+
+    def assert_none(self):
+        everywhere = [line for lines in MPI.COMM_WORLD.allgather(self.found) for line in lines]
+        assert not everywhere, f"{len(everywhere)} wrong results, e.g.\n" + "\n".join(everywhere[:8])
 
 
 @pytest.mark.mpi(min_size=2)
 def test_allreduce_every_op_dtype_size(transport):
     comm = MPI.COMM_WORLD
+    wrong = Mismatches()
     for op, dtype_name in op_dtype_pairs():
         for size in SMALL_SIZES:
             inputs = rank_inputs(size, dtype_name, op, 1, comm.size)
             buf = inputs[comm.rank].copy()
             transport.allreduce(buf, op)
-            assert_same(buf, reference(inputs, op), f"{transport.name} allreduce {op.name} {dtype_name} n={size}")
+            wrong.check(buf, reference(inputs, op), f"{transport.name} allreduce {op.name} {dtype_name} n={size}")
+    wrong.assert_none()
 
 
 @pytest.mark.mpi(min_size=2)
 def test_reducescatter_every_op_dtype_uneven_counts(transport):
     comm = MPI.COMM_WORLD
+    wrong = Mismatches()
     for op, dtype_name in op_dtype_pairs():
         for size in SMALL_SIZES:
             counts = uneven_counts(size, comm.size)
@@ -104,13 +120,15 @@ def test_reducescatter_every_op_dtype_uneven_counts(transport):
             inputs = rank_inputs(size, dtype_name, op, 2, comm.size)
             buf = inputs[comm.rank].copy()
             transport.reducescatter(buf, counts, op)
-            assert_same(buf[start: start + count], reference(inputs, op)[start: start + count],
+            wrong.check(buf[start: start + count], reference(inputs, op)[start: start + count],
                         f"{transport.name} reducescatter {op.name} {dtype_name} counts={counts}")
+    wrong.assert_none()
 
 
 @pytest.mark.mpi(min_size=2)
 def test_allgather_every_dtype_uneven_counts(transport):
     comm = MPI.COMM_WORLD
+    wrong = Mismatches()
     for dtype_name in DTYPES:
         for size in SMALL_SIZES:
             for counts in (uneven_counts(size, comm.size), even_counts(size, comm.size)):
@@ -121,25 +139,29 @@ def test_allgather_every_dtype_uneven_counts(transport):
                 mine = slice(starts[comm.rank], starts[comm.rank] + counts[comm.rank])
                 buf[mine] = inputs[comm.rank][mine]
                 transport.allgather(buf, counts)
-                assert_same(buf, want.astype(np.float64), f"{transport.name} allgather {dtype_name} counts={counts}")
+                wrong.check(buf, want.astype(np.float64), f"{transport.name} allgather {dtype_name} counts={counts}")
+    wrong.assert_none()
 
 
 @pytest.mark.mpi(min_size=2)
 def test_broadcast_every_dtype_and_root(transport):
     comm = MPI.COMM_WORLD
+    wrong = Mismatches()
     for dtype_name in DTYPES:
         for size in SMALL_SIZES:
             for root in range(comm.size):
                 inputs = rank_inputs(size, dtype_name, ReduceOp.SUM, 4 + root, comm.size)
                 buf = inputs[comm.rank].copy()
                 transport.broadcast(buf, root)
-                assert_same(buf, inputs[root].astype(np.float64),
+                wrong.check(buf, inputs[root].astype(np.float64),
                             f"{transport.name} broadcast {dtype_name} n={size} root={root}")
+    wrong.assert_none()
 
 
 @pytest.mark.mpi(min_size=2)
 def test_alltoall_uneven_counts(transport):
     comm = MPI.COMM_WORLD
+    wrong = Mismatches()
     n, me = comm.size, comm.rank
 
     def count(src, dst):              # elements src sends to dst: uneven, some zero, some above the split size
@@ -156,7 +178,8 @@ def test_alltoall_uneven_counts(transport):
         recv = np.zeros(sum(recv_counts), dtype)
         transport.alltoall(send, send_counts, recv, recv_counts)
         want = np.concatenate([block(s, me, dtype) for s in range(n)])
-        assert_same(recv, want.astype(np.float64), f"{transport.name} alltoall {dtype_name}")
+        wrong.check(recv, want.astype(np.float64), f"{transport.name} alltoall {dtype_name}")
+    wrong.assert_none()
 
 
 @pytest.mark.mpi(min_size=2)
@@ -167,6 +190,7 @@ def test_alltoall_uneven_counts(transport):
 ])
 def test_one_megabyte_combined(name, config):
     comm = MPI.COMM_WORLD
+    wrong = Mismatches()
     size = (1 << 20) // 4 + 3
     t = make_transport(name, **config)
     try:
@@ -174,15 +198,16 @@ def test_one_megabyte_combined(name, config):
         want = reference(inputs, ReduceOp.SUM)
         buf = inputs[comm.rank].copy()
         t.allreduce(buf, ReduceOp.SUM)
-        assert_same(buf, want, f"{name} 1 MB allreduce")
+        wrong.check(buf, want, f"{name} 1 MB allreduce")
 
         counts = uneven_counts(size, comm.size)
         start, count = offsets(counts)[comm.rank], counts[comm.rank]
         buf = inputs[comm.rank].copy()
         t.reducescatter(buf, counts, ReduceOp.SUM)
-        assert_same(buf[start: start + count], want[start: start + count], f"{name} 1 MB reducescatter")
+        wrong.check(buf[start: start + count], want[start: start + count], f"{name} 1 MB reducescatter")
         t.allgather(buf, counts)
-        assert_same(buf, want, f"{name} 1 MB allgather of the reduced blocks")
+        wrong.check(buf, want, f"{name} 1 MB allgather of the reduced blocks")
+        wrong.assert_none()
     finally:
         t.close()
 
@@ -192,6 +217,7 @@ def test_shm_buffer_in_staging_region_at_rank_dependent_offsets():
     """The engine packs buckets straight into staging_buffer(); the transport must then use it in place (no
     copy-in) and find each peer's data where that peer put it."""
     comm = MPI.COMM_WORLD
+    wrong = Mismatches()
     t = make_transport("shm", fusion_threshold=1 << 16)
     try:
         for op, dtype_name in [(ReduceOp.SUM, "float32"), (ReduceOp.PRODUCT, "int8"), (ReduceOp.MAX, "bfloat16")]:
@@ -204,18 +230,19 @@ def test_shm_buffer_in_staging_region_at_rank_dependent_offsets():
             inputs = rank_inputs(size, dtype_name, op, 6, comm.size)
             buf[...] = inputs[comm.rank]
             t.allreduce(buf, op)
-            assert_same(buf, reference(inputs, op), f"shm staged allreduce {op.name} {dtype_name}")
+            wrong.check(buf, reference(inputs, op), f"shm staged allreduce {op.name} {dtype_name}")
             buf[...] = inputs[comm.rank]
             counts = uneven_counts(size, comm.size)
             start, count = offsets(counts)[comm.rank], counts[comm.rank]
             t.reducescatter(buf, counts, op)
-            assert_same(buf[start: start + count], reference(inputs, op)[start: start + count],
+            wrong.check(buf[start: start + count], reference(inputs, op)[start: start + count],
                         f"shm staged reducescatter {op.name} {dtype_name}")
             t.allgather(buf, counts)
-            assert_same(buf, reference(inputs, op), f"shm staged allgather {op.name} {dtype_name}")
+            wrong.check(buf, reference(inputs, op), f"shm staged allgather {op.name} {dtype_name}")
         # a bucket larger than the region falls back to private memory, processed in chunks
         big = t.staging_buffer(t.capacity + 4096)
         assert big.nbytes == t.capacity + 4096
+        wrong.assert_none()
     finally:
         t.close()
 
@@ -239,6 +266,10 @@ def test_shm_rejects_a_communicator_spanning_nodes():
         comm.Free()
 
 
+def _raise_deadline(signum, frame):
+    raise TimeoutError("still waiting after 10 s: the abort flag was ignored")
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("name", TRANSPORTS)
 def test_wait_raises_rank_failure_when_aborted(name):
@@ -246,22 +277,40 @@ def test_wait_raises_rank_failure_when_aborted(name):
     RankFailureError at once instead of blocking. Peers are idle, so the job itself cannot hang."""
     comm = MPI.COMM_WORLD
     t = make_transport(name)
+    outcome = None
     try:
         if comm.rank == 0:
             t.watchdog.abort_reason = "rank 1 is gone (test)"
             begin = time.monotonic()
-            if name == "shm":
-                with pytest.raises(RankFailureError, match="rank 1 is gone"):
+            # a deadline on rank 0 only (its wait is a Python polling loop, so the alarm interrupts it): if the
+            # abort check were missing, the test fails instead of hanging the job
+            previous = signal.signal(signal.SIGALRM, _raise_deadline)
+            signal.alarm(10)
+            try:
+                if name == "shm":
                     t.allreduce(np.ones(100, np.float32), ReduceOp.SUM)
-            else:
-                # a receive nobody matches, waited through the ring's own wait primitive; cancelled afterwards
-                # so the communicator is clean
-                request = t.comm.Irecv(np.empty(1, np.float32), source=1, tag=999)
-                with pytest.raises(RankFailureError, match="rank 1 is gone"):
-                    t.wait([request], "a message from rank 1")
-                request.Cancel()
-                request.Wait()
-            assert time.monotonic() - begin < 2.0
-        comm.Barrier()
+                else:
+                    # a receive nobody matches, waited through the ring's own wait primitive; cancelled
+                    # afterwards so the communicator is clean
+                    request = t.comm.Irecv(np.empty(1, np.float32), source=1, tag=999)
+                    try:
+                        t.wait([request], "a message from rank 1")
+                    finally:
+                        request.Cancel()
+                        request.Wait()
+                outcome = "returned without raising"
+            except RankFailureError as error:
+                outcome = (error, time.monotonic() - begin)
+            except BaseException as error:     # anything else (the deadline too): still reach the bcast below
+                outcome = f"raised {error!r}"
+            finally:
+                signal.alarm(0)
+                signal.signal(signal.SIGALRM, previous)
+        # decide on every rank, so a failure on rank 0 cannot leave its peers waiting in close()
+        outcome = comm.bcast(str(outcome) if not isinstance(outcome, tuple) else
+                             (str(outcome[0]), outcome[1]), root=0)
     finally:
         t.close()
+    assert isinstance(outcome, tuple), f"rank 0: {name} wait {outcome}"
+    message, seconds = outcome
+    assert "rank 1 is gone" in message and seconds < 2.0, (message, seconds)
