@@ -26,7 +26,7 @@ import torch
 
 from ringtrain.errors import RingtrainError, TensorMismatchError
 
-from . import functions
+from . import consistency, functions
 from .compression import Compression
 from .functions import Average, Sum, as_op
 
@@ -116,6 +116,7 @@ class _DistributedOptimizerMixin:
         self._rt_layout_observed = False
         self._rt_should_synchronize = True
         self._rt_synchronized = False
+        self._rt_steps = 0
         self._rt_reset_step()
         self._rt_hooks = [p.register_post_accumulate_grad_hook(self._rt_grad_ready) for p in self._rt_params]
 
@@ -240,7 +241,15 @@ class _DistributedOptimizerMixin:
                               "the step in skip_synchronize() to say so", stacklevel=2)
             self.synchronize()
         self._rt_synchronized = False
-        return super().step(closure)
+        result = super().step(closure)
+        self._rt_steps += 1
+        # RINGTRAIN_CHECK_EVERY=n: every n-th step, verify parameters are still identical on all ranks (collective;
+        # do not combine with join(), where some ranks no longer step)
+        consistency.maybe_check(self._rt_steps, self._rt_named_parameters)
+        return result
+
+    def _rt_named_parameters(self):
+        return [(self._rt_names[id(p)], p) for group in self.param_groups for p in group["params"]]
 
     @contextlib.contextmanager
     def skip_synchronize(self):

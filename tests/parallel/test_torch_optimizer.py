@@ -260,3 +260,29 @@ def test_uneven_inputs_with_join(rt):
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-9)
     assert_same_on_all_ranks(rt, model, "check.join")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_check_every_catches_a_diverged_rank_at_step(rt):
+    import ringtrain
+    from ringtrain.torch.consistency import ParameterDivergenceError
+    model = make_model()
+    opt = rt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  named_parameters=model.named_parameters())
+    config = ringtrain.config()
+    saved, config.check_every = config.check_every, 2
+    try:
+        x = torch.ones(2, 6, dtype=torch.float64)
+        for step in range(2):
+            if step == 1 and rt.rank() == rt.size() - 1:
+                with torch.no_grad():
+                    model[2].bias.add_(1.0)          # this rank silently drifts
+            opt.zero_grad()
+            model(x).sum().backward()
+            if step == 0:
+                opt.step()                           # step 1: not a check step
+            else:
+                with pytest.raises(ParameterDivergenceError, match="2.bias"):
+                    opt.step()
+    finally:
+        config.check_every = saved
