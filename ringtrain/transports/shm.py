@@ -26,7 +26,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import ops
-from ..errors import TransportError
+from ..errors import StallError, TransportError
 from .base import Transport, even_counts, offsets
 from . import mpi_util
 
@@ -34,6 +34,8 @@ _PAGE = 4096
 _LINE = 64                     # one cache line of flags per rank, so ranks never write the same line
 _LINE_INT64 = _LINE // 8
 _SEQ, _OFFSET = 0, 1           # int64 slots in a flag line
+_SIGNATURE = slice(2, 6)       # what this rank is running: kind, bytes, itemsize, checksum of the block counts
+_KINDS = {1: "allreduce", 2: "reducescatter", 3: "allgather"}
 
 
 class SharedMemoryTransport(Transport):
@@ -70,6 +72,7 @@ class SharedMemoryTransport(Transport):
         self._seqs = lines[:, _SEQ]            # strided view of every rank's sequence number
         self._peers = [p for p in range(self.size) if p != self.rank]
         self._offsets = lines[:, _OFFSET]
+        self._lines = lines
         self._seq = 0
         lines[self.rank, :] = 0                # the window is not zeroed by MPI; each rank clears its own line
         self._win.Sync()
@@ -116,13 +119,16 @@ class SharedMemoryTransport(Transport):
 
     # ---- synchronisation -------------------------------------------------------------------------------------
 
-    def _barrier(self, what, offset=None):
+    def _barrier(self, what, offset=None, signature=None):
         """Publish that this rank reached the next sync point (and, with `offset`, where its data is), then wait
-        for every rank. Win.Sync orders our earlier window writes before the flag, and peers' after it."""
+        for every rank. Win.Sync orders our earlier window writes before the flag, and peers' after it.
+        A rank missing for stall_timeout_s means the ranks disagree on the collectives: StallError, not a hang."""
         self._seq += 1
         target = self._seq
         if offset is not None:
             self._offsets[self.rank] = offset
+        if signature is not None:
+            self._lines[self.rank, _SIGNATURE] = signature
         self._win.Sync()
         self._seqs[self.rank] = target
         seqs, waiting = self._seqs, list(self._peers)
@@ -135,21 +141,37 @@ class SharedMemoryTransport(Transport):
                 waiting.pop()
             return True
 
-        self.watchdog.wait(everyone_arrived, f"shm {what} (rank {self.rank}, sync {target})")
+        timeout = self.config.stall_timeout_s
+        try:
+            self.watchdog.wait(everyone_arrived, f"shm {what} (rank {self.rank}, sync {target})", timeout=timeout)
+        except TimeoutError:
+            raise StallError(f"rank {self.rank}: ranks {sorted(waiting)} did not reach shm {what} (sync {target}) "
+                             f"within {timeout:.0f} s; the ranks are not running the same sequence of "
+                             f"collectives on this transport") from None
         self._win.Sync()
+
+    def _check_signatures(self, mine):
+        """Right after the first barrier every rank sees every rank's signature; on any difference they all
+        raise together (so they stay in step) instead of reducing each other's unrelated buffers."""
+        theirs = self._lines[:, _SIGNATURE]
+        if (theirs == np.asarray(mine, dtype=np.int64)).all():
+            return
+        described = "; ".join(f"rank {p}: {_KINDS.get(int(k), k)} of {int(b)} bytes in {int(i)}-byte elements, "
+                              f"block-count checksum {int(c)}" for p, (k, b, i, c) in enumerate(theirs.tolist()))
+        raise TransportError(f"rank {self.rank}: ranks disagree on the shm collective they are running: {described}")
 
     # ---- collectives -----------------------------------------------------------------------------------------
 
     def allreduce(self, buf, op):
-        self._collective(buf, even_counts(buf.size, self.size), ops.as_op(op), reduce=True, gather=True)
+        self._collective(buf, even_counts(buf.size, self.size), ops.as_op(op), reduce=True, gather=True, kind=1)
 
     def reducescatter(self, buf, counts, op):
-        self._collective(buf, counts, ops.as_op(op), reduce=True, gather=False)
+        self._collective(buf, counts, ops.as_op(op), reduce=True, gather=False, kind=2)
 
     def allgather(self, buf, counts):
-        self._collective(buf, counts, None, reduce=False, gather=True)
+        self._collective(buf, counts, None, reduce=False, gather=True, kind=3)
 
-    def _collective(self, buf, counts, op, reduce, gather):
+    def _collective(self, buf, counts, op, reduce, gather, kind):
         if len(counts) != self.size or sum(counts) != buf.size:
             raise ValueError(f"rank {self.rank}: counts {list(counts)} do not split a buffer of {buf.size} "
                              f"elements into {self.size} blocks")
@@ -160,7 +182,8 @@ class SharedMemoryTransport(Transport):
         my_offset = in_region if in_region is not None else 0
         peers = [(r + i) % n for i in range(1, n)]       # ring order from r+1 spreads the readers
         ufunc = ops.UFUNCS[op] if reduce else None
-        for chunk in self._chunks(counts, itemsize, in_region):
+        signature = (kind, buf.nbytes, itemsize, sum((i + 1) * c for i, c in enumerate(counts)) % (1 << 62))
+        for number, chunk in enumerate(self._chunks(counts, itemsize, in_region)):
             region_starts = offsets([c for _, c in chunk])
 
             def mine(p):
@@ -175,7 +198,9 @@ class SharedMemoryTransport(Transport):
                 for p in range(n):
                     if (p != r and reduce) or (p == r and not reduce):
                         region(r, p, 0)[...] = mine(p)
-            self._barrier("ready", offset=my_offset)
+            self._barrier("ready", offset=my_offset, signature=signature)
+            if number == 0:
+                self._check_signatures(signature)
             bases = self._offsets.tolist()
 
             if reduce:

@@ -314,3 +314,51 @@ def test_wait_raises_rank_failure_when_aborted(name):
     assert isinstance(outcome, tuple), f"rank 0: {name} wait {outcome}"
     message, seconds = outcome
     assert "rank 1 is gone" in message and seconds < 2.0, (message, seconds)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_shm_ranks_disagreeing_on_the_collective_all_raise_and_stay_in_step():
+    """If the ranks ever ran different buckets, reducing each other's memory would give garbage silently: every
+    rank must raise instead, naming what each rank had, and the transport must keep working afterwards."""
+    from ringtrain.errors import TransportError
+
+    comm = MPI.COMM_WORLD
+    t = make_transport("shm", stall_timeout_s=10.0)    # a bug here ends in StallError, not a hung job
+    try:
+        buf = np.ones(10 + (comm.rank == 1), np.float32)
+        try:
+            t.allreduce(buf, ReduceOp.SUM)
+            outcome = "no error"
+        except TransportError as error:
+            outcome = str(error)
+        outcomes = comm.allgather(outcome)
+        buf = np.ones(10, np.float32)
+        t.allreduce(buf, ReduceOp.SUM)
+        still_works = bool((buf == comm.size).all())
+    finally:
+        t.close()
+    for rank, message in enumerate(outcomes):
+        assert "rank 0: allreduce of 40 bytes" in message and "rank 1: allreduce of 44 bytes" in message, \
+            f"rank {rank}: {message}"
+    assert still_works
+
+
+@pytest.mark.mpi(min_size=2)
+def test_shm_rank_that_never_arrives_is_a_stall_error_naming_it():
+    from ringtrain.errors import StallError
+
+    comm = MPI.COMM_WORLD
+    t = make_transport("shm", stall_timeout_s=0.3)
+    outcome = None
+    try:
+        if comm.rank == 0:
+            try:
+                t.allreduce(np.ones(8, np.float32), ReduceOp.SUM)     # nobody else joins
+                outcome = "returned"
+            except StallError as error:
+                outcome = str(error)
+        outcome = comm.bcast(outcome, root=0)
+    finally:
+        t.close()
+    missing = list(range(1, comm.size))
+    assert f"ranks {missing} did not reach shm ready" in outcome, outcome
