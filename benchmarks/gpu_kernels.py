@@ -66,6 +66,11 @@ def main():
     gbs = 2 * buf.nbytes / t / 1e9
     rows.append(dict(kernel="pack (200 tensors)", dtype="float32", bytes=buf.nbytes, time_us=t * 1e6, gbs=gbs,
                      fraction=gbs / copy_gbs, wrong=wrong))
+    launch = kernels.batched_copy_launcher(list(zip(kernels._slices(buf, tensors), tensors)))
+    t = time_it(cp, launch)
+    gbs = 2 * buf.nbytes / t / 1e9
+    rows.append(dict(kernel="pack kernel only", dtype="float32", bytes=buf.nbytes, time_us=t * 1e6, gbs=gbs,
+                     fraction=gbs / copy_gbs, wrong=0))
     t = time_it(cp, lambda: kernels.unpack(buf, tensors, scale=0.5))
     gbs = 2 * buf.nbytes / t / 1e9
     rows.append(dict(kernel="unpack x0.5 (200)", dtype="float32", bytes=buf.nbytes, time_us=t * 1e6, gbs=gbs,

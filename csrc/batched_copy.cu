@@ -9,20 +9,28 @@
 //   batched_scale_<dtype>(table, rows, s, d)   count = elements; dst = src * s (Average's 1/N, prescale)
 #include "common.cuh"
 
-// Copy nbytes with the widest unit U for which dst and src are equally misaligned: bytes until dst is
-// U-aligned, then whole U's, then the tail bytes. Tensors packed back to back keep only their element
-// alignment relative to the buffer, so a 16-byte-only fast path would miss most of them.
+// Copy nbytes. dst is first brought to 16-byte alignment with single bytes; then every thread writes one
+// whole 16-byte vector per step, gathering it from src in units U, the widest for which src is aligned
+// there (dst and src are equally misaligned modulo sizeof(U)). Tensors packed back to back keep only their
+// element alignment relative to the buffer, so a 16-byte-only fast path would miss most of them, and
+// 4-byte stores alone leave too few bytes in flight to fill HBM.
 template <typename U>
 __device__ __forceinline__ void copy_span(char* __restrict__ dst, const char* __restrict__ src, i64 nbytes) {
+    const int K = 16 / sizeof(U);
     GridStride g;
-    i64 head = (i64)((sizeof(U) - ((u64)dst % sizeof(U))) % sizeof(U));
+    i64 head = (i64)((16 - ((u64)dst & 15)) & 15);
     if (head > nbytes) head = nbytes;
     for (i64 i = g.first; i < head; i += g.step) dst[i] = src[i];
-    const i64 nunits = (nbytes - head) / (i64)sizeof(U);
-    U* du = reinterpret_cast<U*>(dst + head);
+    const i64 nvec = (nbytes - head) / 16;
+    uint4* dv = reinterpret_cast<uint4*>(dst + head);
     const U* su = reinterpret_cast<const U*>(src + head);
-    for (i64 i = g.first; i < nunits; i += g.step) du[i] = su[i];
-    for (i64 i = head + nunits * (i64)sizeof(U) + g.first; i < nbytes; i += g.step) dst[i] = src[i];
+    for (i64 i = g.first; i < nvec; i += g.step) {
+        union { uint4 v; U u[K]; } chunk;
+#pragma unroll
+        for (int k = 0; k < K; ++k) chunk.u[k] = su[i * K + k];
+        dv[i] = chunk.v;
+    }
+    for (i64 i = head + nvec * 16 + g.first; i < nbytes; i += g.step) dst[i] = src[i];
 }
 
 __device__ __forceinline__ void copy_bytes(char* dst, const char* src, i64 nbytes) {

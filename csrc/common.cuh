@@ -49,8 +49,14 @@ __device__ __forceinline__ double scale_value(double x, double s, i64) { return 
 // than 32-bit on the GPU, and int8/int32 never need it.
 template <typename I> struct Wide { typedef int type; };
 template <> struct Wide<long long> { typedef long long type; };
+// 8-bit values (|x| < 2**24) floor-divide exactly in float: a correctly rounded quotient never crosses an
+// integer, and float division is several times cheaper than integer division by a runtime divisor.
+__device__ __forceinline__ signed char floor_div_small(signed char x, i64 d) {
+    return (signed char)floorf(__fdiv_rn((float)x, (float)d));
+}
 template <typename I> __device__ __forceinline__ I scale_signed(I x, double s, i64 d) {
     typedef typename Wide<I>::type W;
+    if (sizeof(I) == 1 && d > 1) return (I)floor_div_small((signed char)x, d);
     if (d > 1) {
         W v = (W)x, q = v / (W)d;
         if (v % d != 0 && v < 0) q -= 1;   // C division truncates; numpy floors
@@ -59,7 +65,7 @@ template <typename I> __device__ __forceinline__ I scale_signed(I x, double s, i
     return (I)((double)x * s);
 }
 template <typename I> __device__ __forceinline__ I scale_unsigned(I x, double s, i64 d) {
-    if (d > 1) return (I)((unsigned int)x / (unsigned int)d);   // only uint8 gets here
+    if (d > 1) return (I)__fdiv_rz((float)x, (float)d);   // only uint8 gets here; exact as floor_div_small
     return (I)((double)x * s);
 }
 __device__ __forceinline__ signed char scale_value(signed char x, double s, i64 d) { return scale_signed(x, s, d); }

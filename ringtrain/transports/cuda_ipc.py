@@ -103,9 +103,11 @@ class CudaIPCTransport(Transport):
 
     # ---- synchronisation -----------------------------------------------------------------------------------
     def _sync(self, what):
-        event = cupy.cuda.Event(block=False, disable_timing=True)
+        # Only this process's own kernels are on the stream (no GPU-side waits on peers), so it always drains:
+        # a blocking-sync event sleeps until then without spinning or the Watchdog's polling delay.
+        event = cupy.cuda.Event(block=True, disable_timing=True)
         event.record(self._stream)
-        self.watchdog.wait(lambda: event.done, f"GPU work before {what}")
+        event.synchronize()
         if self.size > 1:
             self.watchdog.wait_requests([self.comm.Ibarrier()], f"cuda_ipc barrier ({what})")
 

@@ -51,9 +51,10 @@ class HostStagedTransport(Transport):
         self._drain("host-to-device copy")
 
     def _drain(self, what):
-        event = cupy.cuda.Event(block=False, disable_timing=True)
+        # local copies only: the stream always drains, so sleep in a blocking-sync event instead of polling
+        event = cupy.cuda.Event(block=True, disable_timing=True)
         event.record(self._stream)
-        self.watchdog.wait(lambda: event.done, what)
+        event.synchronize()
 
     def allreduce(self, buf, op):
         host = self._to_host(buf)
