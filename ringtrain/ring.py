@@ -27,6 +27,7 @@ is the one received (and reduced) by the same segment index of the previous step
 import collections
 
 from . import ops
+from .errors import StallError
 from .transports.base import Transport, offsets
 
 
@@ -63,8 +64,14 @@ class RingTransport(Transport):
 
     def wait(self, pending, what):
         """Wait for a pending sendrecv through the watchdog (never a blocking library wait), so a dead peer or
-        an engine abort raises RankFailureError instead of hanging."""
-        self.watchdog.wait(lambda: self.test(pending), what)
+        an engine abort raises RankFailureError instead of hanging, and a neighbour that never answers (the
+        ranks run different collectives) becomes a StallError after stall_timeout_s."""
+        timeout = self.config.stall_timeout_s
+        try:
+            self.watchdog.wait(lambda: self.test(pending), what, timeout=timeout)
+        except TimeoutError:
+            raise StallError(f"rank {self.rank}: no progress for {timeout:g} s in {what}; the ranks are not "
+                             f"running the same sequence of collectives") from None
 
     # ---- the schedule ------------------------------------------------------------------------------------
 

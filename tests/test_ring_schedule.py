@@ -172,3 +172,12 @@ def test_a_dead_neighbour_ends_the_wait_with_rank_failure():
     ring.watchdog.abort_reason = "rank 1 is gone (test)"
     with pytest.raises(RankFailureError, match="rank 1 is gone.*ring reduce-scatter step 0"):
         ring.reducescatter(np.ones(8), [4, 4], ReduceOp.SUM)    # nobody ever sends to rank 0
+
+
+def test_a_neighbour_that_never_sends_is_a_stall_error_after_the_timeout():
+    from ringtrain.errors import StallError
+    ring = ThreadRing(1, 3, {(a, b): queue.Queue() for a in range(3) for b in range(3)},
+                      Config(stall_timeout_s=0.2), 2)
+    with pytest.raises(StallError, match=r"rank 1: no progress for 0.2 s in ring allgather step 0 segment 0 "
+                                         r"\(rank 1 <- rank 0, -> rank 2\)"):
+        ring.allgather(np.ones(9), [3, 3, 3])

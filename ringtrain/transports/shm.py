@@ -146,7 +146,7 @@ class SharedMemoryTransport(Transport):
             self.watchdog.wait(everyone_arrived, f"shm {what} (rank {self.rank}, sync {target})", timeout=timeout)
         except TimeoutError:
             raise StallError(f"rank {self.rank}: ranks {sorted(waiting)} did not reach shm {what} (sync {target}) "
-                             f"within {timeout:.0f} s; the ranks are not running the same sequence of "
+                             f"within {timeout:g} s; the ranks are not running the same sequence of "
                              f"collectives on this transport") from None
         self._win.Sync()
 
