@@ -238,3 +238,10 @@ def test_find_mpiexec_prefers_the_one_beside_python():
     if os.access(beside, os.X_OK):
         assert found == beside
     assert os.access(found, os.X_OK)
+
+
+def test_python_dash_m_ringtrain_is_the_launcher():
+    proc = subprocess.run([sys.executable, "-m", "ringtrain", "--help"], env=launcher_env(), stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: ringtrain-run -np N")
