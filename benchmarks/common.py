@@ -148,3 +148,44 @@ def median(values):
 def geometric_mean(values):
     values = [v for v in values if v > 0]
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+# ---------------------------------------------------------------- several runs into one set of headline figures
+
+HEADLINE_SIZES = (4096, 1 << 20, 16 << 20, 64 << 20)
+
+
+def headline(runs, baseline="MPI_Allreduce", dtype="float32", sizes=HEADLINE_SIZES):
+    """Median over repeated allreduce runs (lists of records) of busbw per (impl, size) and of each run's ratio
+    to the baseline in that same run: ratios are only meaningful within one run on a noisy machine."""
+    busbw, ratio, latency_ratio = {}, {}, {}
+    for records in runs:
+        base = {r["bytes"]: r for r in records if r["impl"] == baseline and r["dtype"] == dtype}
+        for r in records:
+            if r["dtype"] != dtype or r["bytes"] not in sizes:
+                continue
+            key = (r["impl"], r["bytes"])
+            busbw.setdefault(key, []).append(r["busbw_gbps"])
+            if r["bytes"] in base and base[r["bytes"]]["busbw_gbps"] > 0:
+                ratio.setdefault(key, []).append(r["busbw_gbps"] / base[r["bytes"]]["busbw_gbps"])
+                latency_ratio.setdefault(key, []).append(r["time_us"] / base[r["bytes"]]["time_us"])
+    impls = list(dict.fromkeys(impl for impl, _ in busbw))
+    rows = []
+    for impl in impls:
+        row = [impl]
+        for size in sizes:
+            values = busbw.get((impl, size))
+            row.append("-" if not values else f"{median(values):.3g} ({median(ratio.get((impl, size), [0])):.2f}x)")
+        latency = latency_ratio.get((impl, sizes[0]))
+        row.append("-" if not latency else f"{median(latency):.1f}x")
+        rows.append(row)
+    headers = ["impl"] + [f"busbw {human_bytes(s)}" for s in sizes] + [f"time {human_bytes(sizes[0])} vs {baseline}"]
+    return format_table(headers, rows, title=f"median of {len(runs)} run(s), {dtype}: busbw GB/s "
+                                             f"(ratio to {baseline} in the same run)")
+
+
+if __name__ == "__main__":
+    import sys
+    if len(sys.argv) < 3 or sys.argv[1] != "headline":
+        raise SystemExit("usage: python benchmarks/common.py headline RUN1.json [RUN2.json ...]")
+    print(headline([read_json(path) for path in sys.argv[2:]]))
