@@ -7,18 +7,20 @@
 
 Layout: an `MPI.Win.Allocate_shared` window on the node communicator; every rank owns a page-aligned header plus
 a data region of `fusion_threshold` bytes. Rank 0's header holds one cache line of flags per rank:
-[sequence number, byte offset of this collective's data in the owner's region]. A sequence number only grows;
-every synchronisation point is "bump mine, wait until every rank's is >= mine" (a flag barrier), polled through
-the Watchdog with its backoff -- no MPI call, no busy spin.
+[sequence number, byte offset of this collective's data in the owner's region, signature of the collective].
+A sequence number only grows; every synchronisation point is "bump mine, wait until every rank's is >= mine"
+(a flag barrier), polled through the Watchdog with its backoff -- no MPI call, no busy spin.
 
-Allreduce of one chunk (blocks laid out the same on every rank, block p reduced by rank p):
-  1. copy-in (skipped when the buffer already lives in our region) .................... barrier "ready"
-  2. rank r reads block r of every peer's region (ring order from r+1, so ranks don't all hit one peer)
-     and reduces it into its own region: one read + one reduce-write per element per peer  barrier "reduced"
-  3. rank r copies block p from owner p's region, for every p ........................... barrier "done"
-Why three barriers: in 2 peers read block r of our region, so we may not overwrite it (step 3 writes our
-region's other blocks only, which nobody reads any more); in 3 peers read our block r, and after we return the
-engine packs the next bucket into this region, so we may not leave before every peer has finished copying.
+Allreduce of one chunk (blocks laid out the same on every rank; rank p owns block p):
+  1. copy-in of the blocks peers will read (skipped when the buffer already lives in our region)  barrier "ready"
+  2. rank r reads block r of every peer's region (ring order from r+1, so ranks don't all hit one peer), reduces
+     it into its own copy -- one read + one reduce-write per element per peer, no staging copy -- and, piece by
+     cache-sized piece, pushes the result into block r of every peer's region ............ barrier "done"
+  3. copy-out of the other blocks from our own region (skipped when the buffer lives in our region)
+Why this is race-free with two barriers: the positions of block r, in every region, are touched by rank r only
+during step 2; "ready" guarantees peers' inputs are in place; "done" guarantees every push has landed and every
+read of our region has finished, so the engine may pack the next bucket into it as soon as we return.
+Reduce-scatter is steps 1-2 without the push; allgather pulls block p from owner p's region.
 Inputs larger than the region are processed in chunks, each holding 1/K of every block so every rank keeps
 working on every chunk. broadcast and alltoall go through nonblocking MPI on the same communicator.
 """
@@ -43,6 +45,7 @@ class SharedMemoryTransport(Transport):
 
     name = "shm"
     device = "cpu"
+    cache_piece_bytes = 256 << 10   # reduce-then-push granularity: the result is pushed while still in L2
 
     def __init__(self, comm, config, watchdog):
         super().__init__(comm, config, watchdog)
@@ -204,22 +207,26 @@ class SharedMemoryTransport(Transport):
             bases = self._offsets.tolist()
 
             if reduce:
+                # Block r: in every region these positions are read and written by this rank only, so it can
+                # reduce them and push the result straight into every peer's region, piece by piece while the
+                # piece is still in cache -- no barrier between reducing and gathering.
                 own = mine(r)
-                if gather and in_region is None:
-                    # fold our own copy-in into the first reduction: region <- buf (op) first peer
-                    target = region(r, r, 0)
-                    ufunc(own, region(peers[0], r, bases[peers[0]]), out=target)
-                    rest = peers[1:]
-                else:
-                    target, rest = own, peers
-                for q in rest:
-                    ufunc(target, region(q, r, bases[q]), out=target)
+                sources = [region(q, r, bases[q]) for q in peers]
+                for lo, hi in mpi_util.pieces(own.size, max(1, self.cache_piece_bytes // itemsize)):
+                    acc = own[lo:hi]
+                    for src in sources:
+                        ufunc(acc, src[lo:hi], out=acc)
+                    if gather:
+                        for dst in sources:
+                            dst[lo:hi] = acc
                 if not gather:
                     self._barrier("reduce-scatter done")     # peers have stopped reading our region
                     continue
-                self._barrier("reduced")
+                self._barrier("allreduce done")              # every owner has pushed its block to us
                 if in_region is None:
-                    own[...] = target
+                    for p in peers:
+                        mine(p)[...] = region(r, p, 0)
+                continue
             for p in peers:
                 mine(p)[...] = region(p, p, bases[p])
             self._barrier("allgather done")

@@ -38,6 +38,8 @@ def make_transport(name, **config):
 @pytest.fixture(scope="module", params=TRANSPORTS)
 def transport(request):
     t = make_transport(request.param, **CONFIGS[request.param])
+    if request.param == "shm":
+        t.cache_piece_bytes = 96        # reduce-and-push in many pieces
     yield t
     t.close()
 
@@ -219,6 +221,7 @@ def test_shm_buffer_in_staging_region_at_rank_dependent_offsets():
     comm = MPI.COMM_WORLD
     wrong = Mismatches()
     t = make_transport("shm", fusion_threshold=1 << 16)
+    t.cache_piece_bytes = 1000
     try:
         for op, dtype_name in [(ReduceOp.SUM, "float32"), (ReduceOp.PRODUCT, "int8"), (ReduceOp.MAX, "bfloat16")]:
             dtype = DTYPES[dtype_name]
