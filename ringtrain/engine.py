@@ -32,6 +32,8 @@ TAG_TO_COORDINATOR = 11
 TAG_FROM_COORDINATOR = 12
 STALL_CHECK_PERIOD_S = 0.5
 DEAD_PEER_EXIT_GRACE_S = 5.0
+FAST_POLL_S = 2e-5             # poll period while an answer is owed (the OS rounds it up to ~60 us)
+FAST_POLLS = 200               # ... for about the first 10 ms, then back off to cycle_time
 IDLE_SLEEP_S = 0.02           # engine sleep with nothing in flight (still wakes at once on submit)
 
 
@@ -162,7 +164,8 @@ class Engine:
             # answer can be owed to us: sleep long, waking at once for a local submission.
             idle += 1
             if self.inflight or self.join_handle is not None or (self.coordinator and self.coordinator.pending):
-                delay = min(self.config.cycle_time_ms * 1e-3, 2e-5 * idle)
+                delay = FAST_POLL_S if idle < FAST_POLLS else min(self.config.cycle_time_ms * 1e-3,
+                                                                   FAST_POLL_S * (idle - FAST_POLLS + 1))
             else:
                 delay = IDLE_SLEEP_S
             if self.wake.wait(delay):
