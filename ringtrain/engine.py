@@ -76,6 +76,7 @@ class Engine:
         self.shutdown_requested = False
         self.finished = threading.Event()
         self.timeline, self.stats = _optional_observers(config, self.rank)
+        self._bucket_count = 0
         self.thread = threading.Thread(target=self._main, name="ringtrain-engine", daemon=True)
         self.thread.start()
 
@@ -277,7 +278,9 @@ class Engine:
                 self.submitted_names.discard(name)
             req.handle.times["started"] = time.perf_counter()
             if self.timeline is not None:
-                self.timeline.span(name, "queued", req.handle.times["submitted"], req.handle.times["started"])
+                t = req.handle.times
+                self.timeline.span(name, "queued", t["submitted"], t["queued"])
+                self.timeline.span(name, "negotiated", t["queued"], t["started"])
         return req
 
     def _complete(self, req, result, ops):
@@ -334,7 +337,8 @@ class Engine:
         if self.stats is not None:
             self.stats.record(kind, nbytes, elapsed)
         if self.timeline is not None:
-            self.timeline.bucket(id(label), start, start + elapsed, nbytes, label,
+            self._bucket_count += 1
+            self.timeline.bucket(self._bucket_count, start, start + elapsed, nbytes, label,
                                  self.transport_name(action[2][0].device if kind == "allreduce" else action[2].device))
 
     def _allreduce(self, names, metas):
@@ -349,13 +353,22 @@ class Engine:
             if r is not None and r.ready_event is not None:
                 ops.wait_event(r.ready_event)
         staging = transport.staging_buffer(total * dtype.itemsize).view(dtype)
+        t0 = time.perf_counter()
         ops.pack([r.array.reshape(-1) if r is not None else n for r, n in zip(reqs, sizes)], staging)
         prescale, postscale = meta.scales
         if prescale != 1.0:
             ops.scale(staging, prescale)
+        t1 = time.perf_counter()
         transport.allreduce(staging, ReduceOp(meta.op))
+        t2 = time.perf_counter()
         scale = postscale / self.size if meta.op == ReduceOp.AVERAGE else postscale
         ops.unpack(staging, [r.out.reshape(-1) if r is not None else n for r, n in zip(reqs, sizes)], scale)
+        if self.timeline is not None:
+            t3 = time.perf_counter()
+            for r in reqs:
+                if r is not None:
+                    for phase, a, b in (("packed", t0, t1), ("ring", t1, t2), ("unpacked", t2, t3)):
+                        self.timeline.span(r.name, phase, a, b)
         for r in reqs:
             if r is not None:
                 self._complete(r, r.out, ops)
