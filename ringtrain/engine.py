@@ -60,6 +60,8 @@ class Engine:
         self.rank, self.size = topology.rank, topology.size
         self.ctrl = topology.world.Dup()
         self.watchdog = Watchdog(topology.local_peers, config.peer_check_s)
+        self._sends = []                # outstanding isend requests on ctrl
+        self.watchdog.progress = self._reap_sends
         self.host_ops = HostOps()
         self.transports = {"cpu": self._make_host_transport()}
         self.coordinator = (Coordinator(self.size, config.fusion_threshold, config.stall_warning_s,
@@ -70,7 +72,6 @@ class Engine:
         self.queue = queue.SimpleQueue()
         self.wake = threading.Event()
         self._lock = threading.Lock()
-        self._sends = []                # outstanding isend requests on ctrl
         self.failed = None              # a fatal RingtrainError: every later call raises it
         self.join_handle = None
         self.shutdown_requested = False

@@ -35,6 +35,11 @@ class Watchdog:
         self.local_peers = dict(local_peers or {})   # world rank -> pid, same host only
         self.peer_check_s = peer_check_s
         self.abort_reason = None                     # set by the engine to break every wait
+        # called while waiting: the engine tests its outstanding control-message sends here, because MPI only
+        # moves a large (rendezvous) message while the sender calls into MPI, and a wait on shared-memory flags
+        # makes no MPI call -- without this, rank 0 could wait in a barrier for a peer that is still waiting for
+        # the very message that tells it to join that barrier
+        self.progress = None
         self._next_check = 0.0
 
     def check(self, what=""):
@@ -59,6 +64,8 @@ class Watchdog:
             if spins < 64:
                 continue
             self.check(what)
+            if self.progress is not None:
+                self.progress()
             time.sleep(min(1e-3, 1e-6 * (spins - 63)))
             if timeout is not None and time.monotonic() - start > timeout:
                 raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
