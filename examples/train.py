@@ -43,6 +43,7 @@ def parse_args():
     parser.add_argument("--checkpoint", default="train_checkpoint.pt",
                         help="rank 0 writes it atomically after every epoch ('' to disable)")
     parser.add_argument("--resume", action="store_true", help="continue from --checkpoint if it exists")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads per rank (0: cores // local ranks)")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
     return parser.parse_args()
 
@@ -155,7 +156,8 @@ def main():
     args = parse_args()
     hvd.init()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    torch.set_num_threads(max(1, cores // hvd.local_size()))   # ranks sharing a node must not fight over cores
+    # ranks sharing a node must not fight over cores
+    torch.set_num_threads(args.threads or max(1, cores // hvd.local_size()))
     torch.manual_seed(args.seed)
 
     (x_train, y_train), (x_test, y_test) = (load_mnist(args.mnist) if args.mnist
