@@ -10,7 +10,7 @@ import threading
 import numpy as np
 
 from . import state
-from .engine import Request
+from .request import Request
 from .errors import RingtrainError
 from .handle import GroupHandle, Handle
 from .negotiation import Meta

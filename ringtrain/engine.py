@@ -20,7 +20,7 @@ from mpi4py import MPI
 from . import errors
 from .errors import RankFailureError, RingtrainError, ShutdownError, StallError
 from .fusion import HostOps
-from .negotiation import Coordinator, Meta
+from .negotiation import Coordinator
 from .ops import DTYPES, ReduceOp
 from .transports import DEVICE_TRANSPORTS, HOST_TRANSPORTS, transport_class
 from .transports.base import even_counts
@@ -42,15 +42,6 @@ def _numel(shape):
     for d in shape:
         n *= d
     return n
-
-
-class Request:
-    """One rank's half of a named collective."""
-    __slots__ = ("name", "meta", "array", "out", "handle", "ops", "ready_event")
-
-    def __init__(self, name, meta, array, out, handle, ops, ready_event=None):
-        self.name, self.meta, self.array, self.out = name, meta, array, out
-        self.handle, self.ops, self.ready_event = handle, ops, ready_event
 
 
 class Engine:
