@@ -39,7 +39,7 @@ PARAM_TOLERANCE = 1e-4       # ringtrain vs DDP final parameters: same math, dif
 # ---------------------------------------------------------------- model and data
 
 def build_model(torch, width):
-    """A small VGG-like convnet on 32x32 RGB: ~6.3 M parameters at width 64, most of them in the first linear
+    """A small VGG-like convnet on 32x32 RGB: ~6.7 M parameters at width 64, most of them in the first linear
     layer, so the gradient (25 MB) is large enough for communication to matter against compute."""
     nn = torch.nn
     return nn.Sequential(
@@ -385,7 +385,7 @@ def parse_args(argv=None):
     parser.add_argument("--quick", action="store_true", help="small model, few steps (< 1 minute)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per rank (default cores // max-ranks)")
     parser.add_argument("--batch", type=int, default=None)
-    parser.add_argument("--width", type=int, default=None, help="first conv channels (64 = 6.3 M parameters)")
+    parser.add_argument("--width", type=int, default=None, help="first conv channels (64 = 6.7 M parameters)")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--warmup", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=None, help="repetitions of every mode; best is reported")
