@@ -344,10 +344,17 @@ class Engine:
         for r in reqs:
             if r is not None and r.ready_event is not None:
                 ops.wait_event(r.ready_event)
+        prescale, postscale = meta.scales
+        if self.size == 1:
+            # nothing to exchange: skip the copies through the staging buffer (a 25 MB bucket costs ms each way)
+            for r in reqs:
+                if r.out is not r.array or prescale * postscale != 1.0:
+                    ops.unpack(r.array.reshape(-1), [r.out.reshape(-1)], prescale * postscale)
+                self._complete(r, r.out, ops)
+            return total * dtype.itemsize
         staging = transport.staging_buffer(total * dtype.itemsize).view(dtype)
         t0 = time.perf_counter()
         ops.pack([r.array.reshape(-1) if r is not None else n for r, n in zip(reqs, sizes)], staging)
-        prescale, postscale = meta.scales
         if prescale != 1.0:
             ops.scale(staging, prescale)
         t1 = time.perf_counter()
