@@ -23,7 +23,7 @@ from .base import offsets
 from . import mpi_util
 
 
-class MPITransport(RingTransport):
+class MPITransport(mpi_util.NonblockingBroadcastAlltoall, RingTransport):
     """The segmented, pipelined ring (ringtrain/ring.py) with MPI point-to-point messages; any node count."""
 
     name = "mpi"
@@ -48,18 +48,6 @@ class MPITransport(RingTransport):
 
     def test(self, pending):
         return MPI.Request.Testall(pending)
-
-    # ---- the other collectives -----------------------------------------------------------------------------
-
-    def broadcast(self, buf, root):
-        if self.size == 1:
-            return
-        self.watchdog.wait_requests(mpi_util.ibcast_split(self.comm, buf, root, self._wire, self._limit),
-                                    f"broadcast from rank {root}")
-
-    def alltoall(self, send, send_counts, recv, recv_counts):
-        mpi_util.alltoall_split(self.comm, send, send_counts, recv, recv_counts, self._wire, self._limit,
-                                self.watchdog)
 
     def close(self):
         if self._closed:

@@ -10,6 +10,7 @@ from mpi4py import MPI
 
 from ..errors import TransportError, UnsupportedDtypeError
 from ..ops import ReduceOp
+from .base import offsets
 
 RING_TAG = 0x52           # the ring's point-to-point messages; each transport owns its communicator,
 ALLTOALL_TAG = 0x53       # so a fixed tag per message kind is enough to keep them apart
@@ -79,7 +80,7 @@ def alltoall_split(comm, send, send_counts, recv, recv_counts, wire, limit, watc
     rounds = np.zeros(1, dtype=np.int64)
     watchdog.wait_requests([comm.Iallreduce(mine, rounds, op=MPI.MAX)], "alltoall round count")
     dt = wire.get(send.itemsize)
-    send_displs, recv_displs = _offsets(send_counts), _offsets(recv_counts)
+    send_displs, recv_displs = offsets(send_counts), offsets(recv_counts)
     # keep the buffer objects alive until the requests complete
     sbuf, rbuf = raw(send), raw(recv)
     requests = []
@@ -93,14 +94,6 @@ def alltoall_split(comm, send, send_counts, recv, recv_counts, wire, limit, watc
         rd = [d if c else 0 for d, c in zip(rd, rc)]
         requests.append(comm.Ialltoallv([sbuf, (sc, sd), dt], [rbuf, (rc, rd), dt]))
     watchdog.wait_requests(requests, "alltoall")
-
-
-def _offsets(counts):
-    out, acc = [], 0
-    for c in counts:
-        out.append(acc)
-        acc += c
-    return out
 
 
 # numpy dtype name -> MPI datatype MPI can *reduce* (float16/bfloat16 have none MPICH reduces portably)
@@ -134,3 +127,17 @@ def reduce_op(op, dtype):
         return table[ReduceOp(op)]
     except (KeyError, ValueError):
         raise TransportError(f"no MPI op for {op!r}") from None
+
+
+class NonblockingBroadcastAlltoall:
+    """broadcast and alltoall for host transports: split nonblocking MPI calls waited through the watchdog.
+    Mixed in before Transport; needs self.comm, self.size, self.watchdog, self._wire and self._limit."""
+
+    def broadcast(self, buf, root):
+        if self.size == 1:
+            return
+        self.watchdog.wait_requests(ibcast_split(self.comm, buf, root, self._wire, self._limit),
+                                    f"broadcast from rank {root}")
+
+    def alltoall(self, send, send_counts, recv, recv_counts):
+        alltoall_split(self.comm, send, send_counts, recv, recv_counts, self._wire, self._limit, self.watchdog)

@@ -40,7 +40,7 @@ _SIGNATURE = slice(2, 6)       # what this rank is running: kind, bytes, itemsiz
 _KINDS = {1: "allreduce", 2: "reducescatter", 3: "allgather"}
 
 
-class SharedMemoryTransport(Transport):
+class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
     """Reduce-scatter / allgather / allreduce through an MPI shared-memory window; all ranks on one node."""
 
     name = "shm"
@@ -230,16 +230,6 @@ class SharedMemoryTransport(Transport):
             for p in peers:
                 mine(p)[...] = region(p, p, bases[p])
             self._barrier("allgather done")
-
-    def broadcast(self, buf, root):
-        if self.size == 1:
-            return
-        self.watchdog.wait_requests(mpi_util.ibcast_split(self.comm, buf, root, self._wire, self._limit),
-                                    f"broadcast from rank {root}")
-
-    def alltoall(self, send, send_counts, recv, recv_counts):
-        mpi_util.alltoall_split(self.comm, send, send_counts, recv, recv_counts, self._wire, self._limit,
-                                self.watchdog)
 
     def close(self):
         """Collective: frees the window (every staging buffer handed out becomes invalid) and communicators."""
