@@ -32,6 +32,7 @@ TAG_TO_COORDINATOR = 11
 TAG_FROM_COORDINATOR = 12
 STALL_CHECK_PERIOD_S = 0.5
 DEAD_PEER_EXIT_GRACE_S = 5.0
+SPIN_POLLS = 50                # passes (~5 us each) spent spinning right after activity, before sleeping
 FAST_POLL_S = 2e-5             # poll period while an answer is owed (the OS rounds it up to ~60 us)
 FAST_POLLS = 200               # ... for about the first 10 ms, then back off to cycle_time
 IDLE_SLEEP_S = 0.02           # engine sleep with nothing in flight (still wakes at once on submit)
@@ -157,6 +158,9 @@ class Engine:
             # answer can be owed to us: sleep long, waking at once for a local submission.
             idle += 1
             if self.inflight or self.join_handle is not None or (self.coordinator and self.coordinator.pending):
+                if idle < SPIN_POLLS:
+                    time.sleep(0)   # only yield the GIL: an OS sleep costs ~60 us, a negotiation round trip two
+                    continue
                 delay = FAST_POLL_S if idle < FAST_POLLS else min(self.config.cycle_time_ms * 1e-3,
                                                                    FAST_POLL_S * (idle - FAST_POLLS + 1))
             else:
