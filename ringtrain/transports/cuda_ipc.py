@@ -21,7 +21,6 @@ Every rank must call each collective with the same buffer size (true for the eng
 that is not the window is copied in and out. The window grows collectively (MPI allreduce of the size).
 """
 import cupy
-import numpy as np
 from mpi4py import MPI
 
 from .. import gpu, kernels, ops
