@@ -286,3 +286,36 @@ def test_check_every_catches_a_diverged_rank_at_step(rt):
                     opt.step()
     finally:
         config.check_every = saved
+
+
+class TiedAutoencoder(torch.nn.Module):
+    """The decoder reuses the encoder's weight (transposed): one parameter, two uses in the graph."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(7)
+        self.encoder = torch.nn.Linear(6, 4).double()
+        self.decoder_bias = torch.nn.Parameter(torch.zeros(6, dtype=torch.float64))
+
+    def forward(self, x):
+        return torch.nn.functional.linear(torch.tanh(self.encoder(x)), self.encoder.weight.t(), self.decoder_bias)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_parameters_shared_between_modules_match_reference(rt):
+    data = batches(rt.size(), 1)
+    reference = TiedAutoencoder()
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for [(x, _)] in data:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(reference(x), x).backward()
+        opt.step()
+    model = TiedAutoencoder()
+    opt = rt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+    lo, hi = rt.rank() * SHARD, (rt.rank() + 1) * SHARD
+    for [(x, _)] in data:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x[lo:hi]), x[lo:hi]).backward()
+        opt.step()
+    for (name, got), want in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12, msg=f"shared-parameter model: {name}")
