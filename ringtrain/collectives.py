@@ -62,7 +62,7 @@ def _gpu_ops():
     return gpu.device_ops()
 
 
-def _submit(kind, array, name, op=-1, root=-1, scales=(1.0, 1.0), splits=(), out=None, finish=None, op_obj=None):
+def _submit(kind, array, name, op=-1, root=-1, scales=(1.0, 1.0), splits=(), out=None, op_obj=None):
     eng = state.engine()
     name = _auto_name(kind, name)
     device = _check_array(array, f"{kind} {name!r}")
@@ -70,7 +70,7 @@ def _submit(kind, array, name, op=-1, root=-1, scales=(1.0, 1.0), splits=(), out
     meta = Meta(kind=kind, dtype=dt, shape=tuple(array.shape), op=int(op), root=root, device=device,
                 scales=tuple(float(s) for s in scales), splits=tuple(splits))
     ops = _ops(device)
-    handle = Handle([name], finish)
+    handle = Handle([name])
     eng.submit(Request(name, meta, array, out, handle, ops, ops.ready_event()))
     return handle
 
@@ -79,7 +79,6 @@ def _submit(kind, array, name, op=-1, root=-1, scales=(1.0, 1.0), splits=(), out
 def allreduce_async(array, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0, out=None):
     """Reduce `array` over all ranks. `out=array` reduces in place. Average divides by size() (integers: floor)."""
     op = as_op(op)
-    _device_of(array)
     if out is None:
         out = _ops(_device_of(array)).empty(array.shape, array.dtype)
     elif out.shape != array.shape or out.dtype != array.dtype:

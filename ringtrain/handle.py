@@ -4,15 +4,14 @@ import time
 
 
 class Handle:
-    __slots__ = ("names", "_event", "_result", "_error", "_done_event", "times", "_finish")
+    __slots__ = ("names", "_event", "_result", "_error", "_done_event", "times")
 
-    def __init__(self, names, finish=None):
+    def __init__(self, names):
         self.names = names                  # tensor names this handle covers
         self._event = threading.Event()
         self._result = None
         self._error = None
         self._done_event = None             # CUDA event for device results, synchronised in wait()
-        self._finish = finish               # maps the raw result to what wait() returns (e.g. unpickling)
         self.times = {"submitted": time.perf_counter()}
 
     # called by the engine thread
@@ -45,8 +44,6 @@ class Handle:
         if self._done_event is not None:
             self._done_event.synchronize()
             self._done_event = None
-        if self._finish is not None:
-            self._result, self._finish = self._finish(self._result), None
         return self._result
 
     def __repr__(self):
@@ -58,8 +55,8 @@ class GroupHandle(Handle):
     """Completes when all of its parts complete; wait() returns the list of their results."""
     __slots__ = ("parts",)
 
-    def __init__(self, parts, finish=None):
-        super().__init__([n for p in parts for n in p.names], finish)
+    def __init__(self, parts):
+        super().__init__([n for p in parts for n in p.names])
         self.parts = parts
 
     def poll(self):
@@ -69,4 +66,4 @@ class GroupHandle(Handle):
         results = [p.wait(timeout) for p in self.parts]
         self.times.update(started=min((p.times.get("started", 0.0) for p in self.parts), default=0.0),
                           finished=max((p.times.get("finished", 0.0) for p in self.parts), default=0.0))
-        return self._finish(results) if self._finish is not None else results
+        return results
