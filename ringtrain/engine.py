@@ -22,7 +22,7 @@ from .errors import RankFailureError, RingtrainError, ShutdownError, StallError
 from .fusion import HostOps
 from .negotiation import Coordinator
 from .ops import DTYPES, ReduceOp
-from .transports import DEVICE_TRANSPORTS, HOST_TRANSPORTS, transport_class
+from .transports import choice
 from .transports.base import even_counts
 from .watchdog import Watchdog
 
@@ -55,7 +55,7 @@ class Engine:
         self._sends = []                # outstanding isend requests on ctrl
         self.watchdog.progress = self._reap_sends
         self.host_ops = HostOps()
-        self.transports = {"cpu": self._make_host_transport()}
+        self.transports = {"cpu": choice.host_transport(topology, config, self.watchdog)}
         self.coordinator = (Coordinator(self.size, config.fusion_threshold, config.stall_warning_s,
                                         config.stall_timeout_s) if self.rank == 0 else None)
         self.cache = {}                 # (name, Meta) -> id assigned by rank 0
@@ -296,7 +296,7 @@ class Engine:
     def _transport(self, device):
         t = self.transports.get(device)
         if t is None:   # first device collective: every rank reaches this action at the same point, so creation is collective
-            t = self.transports[device] = self._make_device_transport()
+            t = self.transports[device] = choice.device_transport(self.topo, self.config, self.watchdog)
         return t
 
     def _run_collective(self, action):
@@ -456,32 +456,6 @@ class Engine:
             self.ctrl.Free()
         except Exception:
             pass
-
-    # ---------------------------------------------------------------- transport choice
-    def _make_host_transport(self):
-        name = self.config.transport
-        if name in DEVICE_TRANSPORTS:
-            name = "auto"    # the device transport was named; host arrays still need one
-        if name == "auto":
-            name = "shm" if self.topo.single_node and self.size > 1 else "mpi"
-        if name not in HOST_TRANSPORTS:
-            raise errors.TransportError(f"RINGTRAIN_TRANSPORT={name!r} is not a host transport; "
-                                        f"choose one of {HOST_TRANSPORTS + DEVICE_TRANSPORTS}")
-        return transport_class(name)(self.topo.world.Dup(), self.config, self.watchdog)
-
-    def _make_device_transport(self):
-        from . import gpu
-        name = self.config.transport
-        if name not in DEVICE_TRANSPORTS:
-            ids = self.topo.world.allgather((self.topo.host, gpu.device_identity()))
-            local = [i for h, i in ids if h == self.topo.host]
-            if len(set(local)) == len(local):
-                name = "nccl"
-            elif self.topo.single_node:
-                name = "cuda_ipc"
-            else:
-                name = "mpi_staged"
-        return transport_class(name)(self.topo.world.Dup(), self.config, self.watchdog)
 
 
 def _optional_observers(config, rank):

@@ -11,7 +11,7 @@ import pytest
 
 from ringtrain.config import Config
 from ringtrain.ops import DTYPES, ReduceOp
-from ringtrain.ring import RingTransport
+from ringtrain.transports.ring import RingTransport
 from ringtrain.transports.base import even_counts, offsets
 from ringtrain.watchdog import Watchdog
 

@@ -18,13 +18,13 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import ops
-from ..ring import RingTransport
+from .ring import RingTransport
 from .base import offsets
 from . import mpi_util
 
 
 class MPITransport(mpi_util.NonblockingBroadcastAlltoall, RingTransport):
-    """The segmented, pipelined ring (ringtrain/ring.py) with MPI point-to-point messages; any node count."""
+    """The segmented, pipelined ring (ringtrain/transports/ring.py) with MPI point-to-point messages; any node count."""
 
     name = "mpi"
     device = "cpu"

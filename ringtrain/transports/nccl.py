@@ -7,7 +7,7 @@ ncclAllReduce itself (`nccl_allreduce`). One GPU per rank: NCCL refuses two rank
     t.allreduce(x, ReduceOp.SUM)              # enqueued on gpu.comm_stream()
     gpu.comm_stream().synchronize()
 
-Everything runs on the engine's communication stream. The ring schedule (ringtrain/ring.py) drives the
+Everything runs on the engine's communication stream. The ring schedule (ringtrain/transports/ring.py) drives the
 messages; our reduce kernel combines each received segment. A segment's completion is an event on the stream
 polled through the Watchdog, so a dead peer raises instead of hanging the engine thread; with two segments in
 flight the GPU always has the next transfer queued while the host looks at the previous one.
@@ -16,7 +16,7 @@ from cupy.cuda import nccl
 
 from .. import gpu, kernels, ops
 from ..errors import TransportError
-from ..ring import RingTransport
+from .ring import RingTransport
 from .base import offsets
 
 _NCCL_DTYPES = {

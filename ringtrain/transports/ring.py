@@ -26,9 +26,9 @@ is the one received (and reduced) by the same segment index of the previous step
 """
 import collections
 
-from . import ops
-from .errors import StallError
-from .transports.base import Transport, offsets
+from .. import ops
+from ..errors import StallError
+from .base import Transport, offsets
 
 
 class RingTransport(Transport):
