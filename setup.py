@@ -63,6 +63,12 @@ setup(
         "cuda13": ["cupy-cuda13x", "nvidia-nccl-cu13"],
         "test": ["pytest", "pytest-mpi", "pytest-timeout", "hypothesis", "scikit-learn"],
         "bench": ["matplotlib", "tqdm"],
+        # ringtrain.tensorflow / ringtrain.keras (issue 12) -- one line each, so their owners never touch the same line
+        "tensorflow": [],
+        # ringtrain.spark (issue 13)
+        "spark": [],
+        # ringtrain.ray (issue 13)
+        "ray": [],
     },
     entry_points={"console_scripts": ["ringtrain-run = ringtrain.run:main"]},
     classifiers=[
