@@ -5,10 +5,13 @@
 Implementations (each skipped with a printed reason where it cannot run here):
   ringtrain-<t>      rt.allreduce(x, op=rt.Sum) through the public API with rt.init(transport=t), t in shm, mpi
                      (nccl, cuda_ipc on cupy arrays when a GPU is bound)
+  ringtrain-torch-shm  ringtrain.torch.allreduce_(tensor, op=Sum): the torch binding, in place on a torch tensor
   ringtrain-<t>-raw  the transport class alone: .allreduce on its already-packed staging buffer, no engine,
                      no pack/unpack, so API time minus raw time is what the engine costs
   MPI_Allreduce      mpi4py comm.Allreduce (bfloat16 through a user-defined numpy op: MPI has no bfloat16)
   torch-gloo         torch.distributed.all_reduce with the gloo backend
+  horovod            horovod.torch.allreduce_(tensor, op=Sum), only where Horovod is installed (a benchmark peer,
+                     never a dependency: benchmarks/build_horovod_peer.sh builds it into a venv of its own)
   nccl               ncclAllReduce through cupy, when every rank has its own GPU
 
 Output follows nccl-tests: a table `size count dtype op time_us algbw busbw #wrong` per implementation, then ratio
@@ -17,6 +20,7 @@ and busbw is printed as a fraction of it (a shared-memory ring cannot beat memor
 Every size is checked against a numpy reference: inputs are small integers, so every dtype's sum is exact.
 """
 import argparse
+import importlib.util
 import os
 import socket
 import sys
@@ -220,6 +224,29 @@ class RingtrainAPI:
         self.rt.shutdown()
 
 
+class RingtrainTorch(RingtrainAPI):
+    """ringtrain.torch.allreduce_ on a torch tensor: the binding's cost on top of the core API's."""
+
+    def __init__(self, comm, transport):
+        super().__init__(comm, transport)
+        self.name = f"ringtrain-torch-{transport}"
+
+    def runner(self, x, dtype_name, nbytes):
+        import ringtrain.torch as binding
+        source = numpy_to_torch(x)
+        tensor = source.clone()
+        name = f"bench.torch.{dtype_name}.{nbytes}"
+
+        def run():
+            binding.allreduce_(tensor, op=binding.Sum, name=name)   # in place; later calls sum garbage, same cost
+
+        def check():
+            tensor.copy_(source)
+            run()
+            return torch_to_numpy(tensor)
+        return run, check
+
+
 class RawTransport:
     """The transport class without the engine: allreduce in place on its own staging buffer."""
 
@@ -296,6 +323,40 @@ class TorchGloo:
 
     def stop(self):
         self.dist.destroy_process_group()
+
+
+class HorovodTorch:
+    """horovod.torch.allreduce_ (Horovod's MPI build) on a torch tensor: the peer the issue's targets name."""
+    name = "horovod"
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def start(self):
+        # an external peer, never a dependency: absent is a skip, but an installed one that breaks fails loudly
+        if importlib.util.find_spec("horovod") is None or importlib.util.find_spec("horovod.torch") is None:
+            raise Unavailable("horovod.torch not installed (benchmarks/build_horovod_peer.sh builds it)")
+        import horovod.torch as hvd
+        hvd.init()
+        self.hvd = hvd
+
+    def runner(self, x, dtype_name, nbytes):
+        hvd = self.hvd
+        source = numpy_to_torch(x)
+        tensor = source.clone()
+        name = f"bench.{dtype_name}.{nbytes}"   # stable, so Horovod's response cache works as in training
+
+        def run():
+            hvd.allreduce_(tensor, op=hvd.Sum, name=name)   # in place; later calls sum garbage, same cost
+
+        def check():
+            tensor.copy_(source)
+            run()
+            return torch_to_numpy(tensor)
+        return run, check
+
+    def stop(self):
+        self.hvd.shutdown()
 
 
 class NcclAllreduce:
@@ -398,9 +459,9 @@ def init_torch_distributed(comm, backend):
 
 def build_impls(comm, names):
     impls = [
-        RingtrainAPI(comm, "shm"), RawTransport(comm, "shm"),
+        RingtrainAPI(comm, "shm"), RingtrainTorch(comm, "shm"), RawTransport(comm, "shm"),
         RingtrainAPI(comm, "mpi"), RawTransport(comm, "mpi"),
-        MPIAllreduce(comm), TorchGloo(comm),
+        MPIAllreduce(comm), TorchGloo(comm), HorovodTorch(comm),
         RingtrainAPI(comm, "cuda_ipc", device="cuda"), RingtrainAPI(comm, "nccl", device="cuda"),
         NcclAllreduce(comm),
     ]
@@ -493,7 +554,7 @@ def main(argv=None):
     sizes = common.size_ladder(args.min_bytes, args.max_bytes, 4)
     memcpy_solo, memcpy_all = measure_memcpy(comm, (64 << 20) if args.quick else (256 << 20))
     log(f"# ringtrain allreduce benchmark: {ranks} ranks, {os.cpu_count()} cores, dtypes {args.dtypes}, "
-        f"{common.human_bytes(sizes[0])}..{common.human_bytes(sizes[-1])}")
+        f"{common.human_bytes(sizes[0])}..{common.human_bytes(sizes[-1])}, commit {common.source_commit()}")
     log(f"# numpy memcpy bandwidth: {memcpy_solo:.2f} GB/s one rank alone, {memcpy_all:.2f} GB/s per rank "
         f"with all {ranks} copying (the roof used for of_memcpy)")
 
@@ -522,6 +583,7 @@ def main(argv=None):
             for r in records:
                 r["date"] = stamp["date"]
                 r["cores"] = stamp["cores"]
+                r["commit"] = stamp["commit"]
             common.write_json(args.json, records)
         if args.png and records:
             common.plot_busbw(records, args.png, f"allreduce busbw, {ranks} ranks, {os.cpu_count()} cores "

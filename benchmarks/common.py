@@ -6,6 +6,7 @@ import json
 import math
 import os
 import platform
+import subprocess
 import time
 
 # The record keys issue 6 fixes for allreduce results; every record carries at least these.
@@ -83,7 +84,23 @@ def ratio_table(records, baseline, metric="busbw_gbps"):
 def machine_info():
     """What the numbers were measured on, stored next to them."""
     return {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "host_cpu": platform.processor() or platform.machine(),
-            "cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
+            "cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+            "commit": source_commit()}
+
+
+def source_commit():
+    """The git commit of the checkout these scripts sit in (the code measured when PYTHONPATH points at it),
+    with '+dirty' when tracked files differ from it, so a result file says what it measured."""
+    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(["git", "-C", checkout, "rev-parse", "HEAD"], capture_output=True, text=True)
+        dirty = subprocess.run(["git", "-C", checkout, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True)
+    except OSError:                       # no git on this machine
+        return "unknown"
+    if head.returncode != 0:              # not a git checkout (an sdist, a copied folder)
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def write_json(path, payload):

@@ -1,14 +1,22 @@
-"""Training throughput at 1..N ranks and scaling efficiency, ringtrain against torch DDP, in one run.
+"""Training throughput at 1..N ranks and scaling efficiency, ringtrain against torch DDP and Horovod, in one run.
 
     python benchmarks/train_scaling.py --max-ranks 2 --json out.json --png out.png [--quick]
 
 The script launches itself under `mpiexec -n N` for N = 1..max-ranks (do not start it under mpiexec yourself).
-Every N runs the same synthetic convnet on the same per-rank batch in these modes, interleaved in rounds so that
-machine noise hits all of them alike (the best round of each is reported):
+Two synthetic models, each on the same per-rank batch (issue 10 names both):
+  convnet  a VGG-like convnet on 32x32 RGB: ~6.7 M parameters in 10 tensors (few large gradients)
+  mlp      100 blocks of Linear + LayerNorm: ~0.3 M parameters in 402 tensors (hundreds of small gradients, as
+           real models have: ResNet-50 161 tensors, BERT ~400), so per-tensor costs dominate
+Every N runs every model in these modes, interleaved in rounds so that machine noise hits all of them alike; the
+median over rounds is reported:
   no-comm               plain torch, no communication: the ceiling (N independent processes)
   ringtrain             ringtrain.torch.DistributedOptimizer: gradients allreduced from hooks during backward
   ringtrain-no-overlap  plain optimizer, one rt.grouped_allreduce of every gradient after loss.backward()
   torch-ddp             torch.nn.parallel.DistributedDataParallel (gloo on CPU, NCCL on GPU)
+  horovod               horovod.torch.DistributedOptimizer, only where Horovod is installed (a benchmark peer, never
+                        a dependency: benchmarks/build_horovod_peer.sh builds it into a venv of its own; run this
+                        script with that venv's python). It is initialised for its own rounds only, so its
+                        background thread does not run beside the other modes.
 Scaling efficiency = T(N) / (N * T(1)) with T the total samples/s and T(1) the single-process plain-torch
 throughput (the no-comm mode at N = 1), so every mode is measured against the same denominator. Each rank uses
 --threads torch threads (default cores // max-ranks, i.e. the same per-rank share at every N).
@@ -19,6 +27,7 @@ Correctness: distributed modes must end with identical parameters on every rank,
 parameters must match DDP's (same seed, same data) to float tolerance; both are recorded and checked.
 """
 import argparse
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -32,13 +41,23 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(BENCH_DIR)
 sys.path.append(REPO_ROOT)   # run from a source checkout without pip install
 
-MODES = ("no-comm", "ringtrain", "ringtrain-no-overlap", "torch-ddp")
+MODES = ("no-comm", "ringtrain", "ringtrain-no-overlap", "torch-ddp", "horovod")
+MODELS = ("convnet", "mlp")
+MLP_BLOCKS = 100             # 4 tensors per block + the head's 2: 402 gradient tensors at any width
 PARAM_TOLERANCE = 1e-4       # ringtrain vs DDP final parameters: same math, different summation order
 
 
 # ---------------------------------------------------------------- model and data
 
-def build_model(torch, width):
+def build_model(torch, model, width):
+    return build_convnet(torch, width) if model == "convnet" else build_mlp(torch, width)
+
+
+def model_width(args, model):
+    return args.width if model == "convnet" else args.mlp_width
+
+
+def build_convnet(torch, width):
     """A small VGG-like convnet on 32x32 RGB: ~6.7 M parameters at width 64, most of them in the first linear
     layer, so the gradient (25 MB) is large enough for communication to matter against compute."""
     nn = torch.nn
@@ -52,11 +71,23 @@ def build_model(torch, width):
     )
 
 
-def synthetic_batch(torch, rank, batch):
+def build_mlp(torch, width):
+    """MLP_BLOCKS blocks of Linear(width, width) + LayerNorm + ReLU and a 10-way head: ~0.31 M parameters in 402
+    tensors at width 54. Little compute per tensor, so what a framework pays per tensor decides the step time;
+    the LayerNorms keep 100 layers trainable."""
+    nn = torch.nn
+    layers = []
+    for _ in range(MLP_BLOCKS):
+        layers += [nn.Linear(width, width), nn.LayerNorm(width), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(width, 10))
+
+
+def synthetic_batch(torch, model, width, rank, batch):
     generator = torch.Generator().manual_seed(1234 + rank)
-    images = torch.randn(batch, 3, 32, 32, generator=generator)
+    shape = (batch, 3, 32, 32) if model == "convnet" else (batch, width)
+    inputs = torch.randn(*shape, generator=generator)
     labels = torch.randint(0, 10, (batch,), generator=generator)
-    return images, labels
+    return inputs, labels
 
 
 # ---------------------------------------------------------------- engine timestamps
@@ -131,71 +162,77 @@ def run_worker(args):
     import torch
     from mpi4py import MPI
 
+    import ringtrain as rt
+    import ringtrain.torch as binding
+
     comm = MPI.COMM_WORLD
     rank, ranks = comm.Get_rank(), comm.Get_size()
     torch.set_num_threads(args.threads)
-    binding, rt, why_not = load_ringtrain()
-    if rt is not None:
-        (binding or rt).init()
+    modes = args.modes.split(",")
+    horovod = load_horovod() if "horovod" in modes else None
+    binding.init()
     ddp_backend = init_ddp(comm, torch)
     recorder = HandleRecorder()
-    if rt is not None:
-        recorder.install()
+    recorder.install()
 
-    images, labels = synthetic_batch(torch, rank, args.batch)
-    modes = [m for m in args.modes.split(",")]
-    results, final_params = {}, {}
-    for round_index in range(args.rounds):
-        for mode in modes:
-            if mode.startswith("ringtrain") and rt is None:
-                results[mode] = {"mode": mode, "skipped": why_not}
-                continue
-            if mode == "ringtrain" and binding is None:
-                results[mode] = {"mode": mode, "skipped": "ringtrain.torch.DistributedOptimizer not importable"}
-                continue
-            measured, params = train_mode(mode, args, torch, comm, images, labels, binding, rt, recorder)
-            best = results.get(mode)
-            if best is None or "skipped" in best or measured["samples_per_s_per_rank"] > best[
-                    "samples_per_s_per_rank"]:
-                measured["rounds"] = (best or {}).get("rounds", []) + [measured["samples_per_s_per_rank"]]
-                results[mode] = measured
-            else:
-                best["rounds"].append(measured["samples_per_s_per_rank"])
-            if round_index == 0:
-                final_params[mode] = params
+    payload = {"ranks": ranks, "threads_per_rank": args.threads, "batch_per_rank": args.batch,
+               "ddp_backend": ddp_backend, "models": {}}
+    for model in args.models.split(","):
+        width = model_width(args, model)
+        inputs, labels = synthetic_batch(torch, model, width, rank, args.batch)
+        rounds, final_params = {}, {}
+        for round_index in range(args.rounds):
+            for mode in modes:
+                if mode == "horovod" and horovod is None:
+                    continue
+                measured, params = train_mode(mode, model, width, args, torch, comm, inputs, labels, binding,
+                                              rt, horovod, recorder)
+                rounds.setdefault(mode, []).append(measured)
+                if round_index == 0:
+                    final_params[mode] = params
+        results = {mode: median_round(measured) for mode, measured in rounds.items()}
+        if "horovod" in modes and horovod is None:
+            results["horovod"] = {"mode": "horovod", "skipped": HOROVOD_MISSING}
 
-    # Distributed modes must agree with each other: same seed, same data, same averaged gradients.
-    reference = final_params.get("torch-ddp")
-    for mode, params in final_params.items():
-        if mode in ("no-comm", "torch-ddp") or reference is None:
-            continue
-        results[mode]["max_param_diff_vs_ddp"] = float(np.max(np.abs(params - reference)))
+        # Distributed modes must agree with each other: same seed, same data, same averaged gradients.
+        reference = final_params.get("torch-ddp")
+        for mode, params in final_params.items():
+            if mode in ("no-comm", "torch-ddp") or reference is None:
+                continue
+            results[mode]["max_param_diff_vs_ddp"] = float(np.max(np.abs(params - reference)))
+        parameters = list(build_model(torch, model, width).parameters())
+        payload["models"][model] = {"width": width, "parameters": sum(p.numel() for p in parameters),
+                                    "tensors": len(parameters), "modes": results}
 
     recorder.uninstall()
     if ddp_backend:
         torch.distributed.destroy_process_group()
-    if rt is not None:
-        (binding or rt).shutdown()
+    binding.shutdown()
     if rank == 0:
-        payload = {"ranks": ranks, "threads_per_rank": args.threads, "batch_per_rank": args.batch,
-                   "parameters": sum(p.numel() for p in build_model(torch, args.width).parameters()),
-                   "ddp_backend": ddp_backend, "modes": results}
         common.write_json(args.worker_json, payload)
 
 
-def load_ringtrain():
-    """(ringtrain.torch or None, ringtrain or None, reason when missing)."""
-    try:
-        import ringtrain as rt
-        rt.init  # noqa: B018
-    except (ImportError, AttributeError) as exc:
-        return None, None, f"ringtrain core API not importable ({exc})"
-    try:
-        import ringtrain.torch as binding
-        binding.DistributedOptimizer  # noqa: B018
-    except (ImportError, AttributeError):
-        binding = None
-    return binding, rt, None
+HOROVOD_MISSING = "horovod.torch not installed (benchmarks/build_horovod_peer.sh)"
+
+
+def load_horovod():
+    """horovod.torch where installed, else None. An external peer: absent is a skip; installed but broken fails."""
+    if importlib.util.find_spec("horovod") is None or importlib.util.find_spec("horovod.torch") is None:
+        return None
+    import horovod.torch as hvd
+    return hvd
+
+
+def median_round(rounds):
+    """A mode's rounds as one record: the median of each timing; parameters in sync only if they were every round."""
+    record = dict(rounds[0])
+    for key, value in rounds[0].items():
+        if isinstance(value, float):
+            values = [r[key] for r in rounds if r.get(key) is not None]
+            record[key] = common.median(values) if values else None
+    record["params_in_sync"] = all(r["params_in_sync"] for r in rounds)
+    record["rounds"] = [r["samples_per_s_per_rank"] for r in rounds]
+    return record
 
 
 def init_ddp(comm, torch):
@@ -214,28 +251,34 @@ def use_cuda(torch, comm):
     return torch.cuda.is_available() and torch.cuda.device_count() >= local_size
 
 
-def train_mode(mode, args, torch, comm, images, labels, binding, rt, recorder):
+def train_mode(mode, model_name, width, args, torch, comm, inputs, labels, binding, rt, hvd, recorder):
     import numpy as np
     from mpi4py import MPI
 
+    if mode == "horovod":
+        hvd.init()   # its background thread runs for Horovod's own rounds only
     torch.manual_seed(0)
-    model = build_model(torch, args.width)
+    model = build_model(torch, model_name, width)
     if mode == "torch-ddp":
         model = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    # both models name a parameter "0.weight": the model's name keeps their allreduce names apart in one job
+    named = [(f"{model_name}.{name}", p) for name, p in model.named_parameters()]
     if mode == "ringtrain":
-        optimizer = binding.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        optimizer = binding.DistributedOptimizer(optimizer, named_parameters=named)
+    if mode == "horovod":
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named)
     loss_fn = torch.nn.CrossEntropyLoss()
 
     def step():
         optimizer.zero_grad()
-        loss = loss_fn(model(images), labels)
+        loss = loss_fn(model(inputs), labels)
         loss.backward()
         backward_end = time.perf_counter()
         if mode == "ringtrain-no-overlap":
             # numpy views of this step's .grad tensors (zero_grad frees them): the allreduce writes into them
             grads = [p.grad.numpy() for p in model.parameters()]
-            rt.grouped_allreduce_async(grads, op=rt.Average, name="no_overlap.grads", outs=grads).wait()
+            rt.grouped_allreduce_async(grads, op=rt.Average, name=f"no_overlap.{model_name}", outs=grads).wait()
         optimizer.step()
         return backward_end
 
@@ -262,6 +305,8 @@ def train_mode(mode, args, torch, comm, images, labels, binding, rt, recorder):
 
     params = np.concatenate([p.detach().reshape(-1).numpy() for p in model.parameters()])
     checksums = comm.allgather(float(np.abs(params).sum()))
+    if mode == "horovod":
+        hvd.shutdown()
     ranks = comm.Get_size()
     result = {"mode": mode, "ranks": ranks, "step_ms": 1e3 * elapsed / args.steps,
               "samples_per_s_per_rank": args.batch * args.steps / elapsed,
@@ -289,8 +334,9 @@ def launch(ranks, args, folder):
     worker_json = os.path.join(folder, f"ranks{ranks}.json")
     command = [mpiexec_path(), "-n", str(ranks), sys.executable, os.path.abspath(__file__), "--worker",
                "--worker-json", worker_json, "--threads", str(args.threads), "--batch", str(args.batch),
-               "--width", str(args.width), "--steps", str(args.steps), "--warmup", str(args.warmup),
-               "--rounds", str(args.rounds), "--modes", args.modes]
+               "--width", str(args.width), "--mlp-width", str(args.mlp_width), "--steps", str(args.steps),
+               "--warmup", str(args.warmup), "--rounds", str(args.rounds), "--modes", args.modes,
+               "--models", args.models]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH")) if p)
     started = time.perf_counter()
@@ -304,50 +350,76 @@ def launch(ranks, args, folder):
 
 
 def summarise(jobs):
-    """Flat records with efficiency against the single-process plain-torch throughput."""
+    """Flat records, one per (model, ranks, mode), with efficiency against that model's single-process
+    plain-torch throughput."""
     single = next((j for j in jobs if j["ranks"] == 1), None)
-    base = single["modes"].get("no-comm", {}).get("samples_per_s_total") if single else None
-    own_base = {m: r.get("samples_per_s_total") for m, r in single["modes"].items()} if single else {}
     records = []
     for job in jobs:
-        for mode, r in job["modes"].items():
-            if "skipped" in r:
-                records.append({"mode": mode, "ranks": job["ranks"], "skipped": r["skipped"]})
-                continue
-            n = job["ranks"]
-            record = dict(r, threads_per_rank=job["threads_per_rank"], batch_per_rank=job["batch_per_rank"],
-                          parameters=job["parameters"], ddp_backend=job["ddp_backend"])
-            record["efficiency"] = r["samples_per_s_total"] / (n * base) if base else None
-            record["efficiency_vs_own_1rank"] = (r["samples_per_s_total"] / (n * own_base[mode])
-                                                 if own_base.get(mode) else None)
-            records.append(record)
+        for model, measured in job["models"].items():
+            own_base = {m: r.get("samples_per_s_total") for m, r in single["models"][model]["modes"].items()} \
+                if single else {}
+            base = own_base.get("no-comm")
+            for mode, r in measured["modes"].items():
+                if "skipped" in r:
+                    records.append({"model": model, "mode": mode, "ranks": job["ranks"], "skipped": r["skipped"]})
+                    continue
+                n = job["ranks"]
+                record = dict(r, model=model, threads_per_rank=job["threads_per_rank"],
+                              batch_per_rank=job["batch_per_rank"], parameters=measured["parameters"],
+                              tensors=measured["tensors"], width=measured["width"], ddp_backend=job["ddp_backend"])
+                record["efficiency"] = r["samples_per_s_total"] / (n * base) if base else None
+                record["efficiency_vs_own_1rank"] = (r["samples_per_s_total"] / (n * own_base[mode])
+                                                     if own_base.get(mode) else None)
+                records.append(record)
     return records
 
 
-def print_report(records, jobs):
-    rows = []
-    for r in records:
-        if "skipped" in r:
-            rows.append([r["ranks"], r["mode"], "-", "-", "-", "-", "-", "-", f"skipped: {r['skipped']}"])
-            continue
-        hidden = r.get("hidden_share")
-        rows.append([r["ranks"], r["mode"], f"{r['step_ms']:.1f}", f"{r['samples_per_s_per_rank']:.1f}",
-                     f"{r['samples_per_s_total']:.1f}", _pct(r["efficiency"]), _pct(r["efficiency_vs_own_1rank"]),
-                     "-" if hidden is None else _pct(hidden),
-                     ("in sync" if r["params_in_sync"] else "RANKS DIFFER") +
-                     (f", |dw vs ddp| {r['max_param_diff_vs_ddp']:.1e}" if "max_param_diff_vs_ddp" in r else "")])
+def print_report(records, jobs, rounds):
     job = jobs[0]
-    print(common.format_table(
-        ["ranks", "mode", "step_ms", "samples/s/rank", "samples/s", "efficiency", "eff_own_T1", "hidden",
-         "check"], rows,
-        title=f"training scaling: {job['parameters'] / 1e6:.2f} M-parameter convnet, batch {job['batch_per_rank']} "
-              f"per rank, {job['threads_per_rank']} thread(s) per rank, {os.cpu_count()} cores; efficiency = "
-              f"T(N)/(N*T(1)), T(1) = plain torch on 1 rank"))
+    for model in dict.fromkeys(r["model"] for r in records):
+        rows = []
+        measured = [r for r in records if r["model"] == model and "skipped" not in r]
+        for r in (r for r in records if r["model"] == model):
+            if "skipped" in r:
+                rows.append([r["ranks"], r["mode"], "-", "-", "-", "-", "-", "-", f"skipped: {r['skipped']}"])
+                continue
+            hidden = r.get("hidden_share")
+            rows.append([r["ranks"], r["mode"], f"{r['step_ms']:.1f}", f"{r['samples_per_s_per_rank']:.1f}",
+                         f"{r['samples_per_s_total']:.1f}", _pct(r["efficiency"]),
+                         _pct(r["efficiency_vs_own_1rank"]), "-" if hidden is None else _pct(hidden),
+                         ("in sync" if r["params_in_sync"] else "RANKS DIFFER") +
+                         (f", |dw vs ddp| {r['max_param_diff_vs_ddp']:.1e}" if "max_param_diff_vs_ddp" in r else "")])
+        shape = measured[0] if measured else {"parameters": 0, "tensors": 0}
+        print(common.format_table(
+            ["ranks", "mode", "step_ms", "samples/s/rank", "samples/s", "efficiency", "eff_own_T1", "hidden",
+             "check"], rows,
+            title=f"training scaling, {model}: {shape['parameters'] / 1e6:.2f} M parameters in {shape['tensors']} "
+                  f"tensors, batch {job['batch_per_rank']} per rank, {job['threads_per_rank']} thread(s) per rank, "
+                  f"{os.cpu_count()} cores, median of {rounds} interleaved round(s); efficiency = T(N)/(N*T(1)), "
+                  f"T(1) = plain torch on 1 rank"))
+        print()
+    print(target_table(records))
+
+
+def target_table(records):
+    """Issue 10's training targets at the largest rank count: efficiency within 5 points of the no-comm ceiling,
+    and at least 1.3x DDP's throughput, for every model, with every figure from this same run."""
     top = max(r["ranks"] for r in records)
-    by_mode = {r["mode"]: r for r in records if r["ranks"] == top and "skipped" not in r}
-    if top > 1 and "ringtrain" in by_mode and "torch-ddp" in by_mode:
-        ratio = by_mode["ringtrain"]["samples_per_s_total"] / by_mode["torch-ddp"]["samples_per_s_total"]
-        print(f"\n# {top} ranks: ringtrain / torch-ddp throughput = {ratio:.2f}")
+    rows = []
+    for model in dict.fromkeys(r["model"] for r in records):
+        by_mode = {r["mode"]: r for r in records if r["model"] == model and r["ranks"] == top and "skipped" not in r}
+        ceiling = by_mode.get("no-comm", {}).get("efficiency")
+        ddp = by_mode.get("torch-ddp", {}).get("samples_per_s_total")
+        for mode, r in by_mode.items():
+            if mode == "no-comm":
+                continue
+            rows.append([model, mode, _pct(r["efficiency"]), _pct(ceiling),
+                         "-" if ceiling is None or r["efficiency"] is None else
+                         f"{100 * (ceiling - r['efficiency']):.1f}",
+                         f"{r['samples_per_s_total'] / ddp:.2f}" if ddp else "-"])
+    return common.format_table(
+        ["model", "mode", "efficiency", "ceiling", "points_below_ceiling", "x_ddp_throughput"], rows,
+        title=f"{top} ranks against the targets (issue 10: <= 5 points below the ceiling, >= 1.3x DDP)")
 
 
 def _pct(value):
@@ -357,20 +429,23 @@ def _pct(value):
 def plot(records, path):
     plt = common.pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    modes = list(dict.fromkeys(r["mode"] for r in records if "skipped" not in r))
-    for mode in modes:
+    series = list(dict.fromkeys((r["model"], r["mode"]) for r in records if "skipped" not in r))
+    for model, mode in series:
         points = sorted((r["ranks"], r["samples_per_s_total"], r["efficiency"]) for r in records
-                        if r["mode"] == mode and "skipped" not in r)
-        left.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=mode)
-        right.plot([p[0] for p in points], [100 * (p[2] or 0) for p in points], marker="o", label=mode)
+                        if (r["model"], r["mode"]) == (model, mode) and "skipped" not in r)
+        style = "-" if model == "convnet" else "--"
+        left.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", label=f"{model} {mode}")
+        right.plot([p[0] for p in points], [100 * (p[2] or 0) for p in points], style, marker="o",
+                   label=f"{model} {mode}")
     left.set_xlabel("ranks")
     left.set_ylabel("samples/s (total)")
+    left.set_yscale("log")
     right.set_xlabel("ranks")
     right.set_ylabel("scaling efficiency (%)")
     right.set_ylim(0, 110)
     for ax in (left, right):
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
     fig.suptitle(f"training scaling on {os.cpu_count()} cores")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -382,14 +457,16 @@ def parse_args(argv=None):
     parser.add_argument("--max-ranks", type=int, default=2)
     parser.add_argument("--json")
     parser.add_argument("--png")
-    parser.add_argument("--quick", action="store_true", help="small model, few steps (< 1 minute)")
+    parser.add_argument("--quick", action="store_true", help="small models, few steps (< 1 minute)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per rank (default cores // max-ranks)")
     parser.add_argument("--batch", type=int, default=None)
-    parser.add_argument("--width", type=int, default=None, help="first conv channels (64 = 6.7 M parameters)")
+    parser.add_argument("--width", type=int, default=None, help="convnet's first conv channels (64 = 6.7 M parameters)")
+    parser.add_argument("--mlp-width", type=int, default=None, help="mlp's layer width (54 = 0.31 M parameters)")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--warmup", type=int, default=None)
-    parser.add_argument("--rounds", type=int, default=None, help="repetitions of every mode; best is reported")
+    parser.add_argument("--rounds", type=int, default=None, help="repetitions of every mode; median is reported")
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--job-timeout", type=float, default=None, help="seconds per mpiexec job")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker-json", help=argparse.SUPPRESS)
@@ -398,13 +475,15 @@ def parse_args(argv=None):
     args.threads = args.threads or max(1, (os.cpu_count() or 1) // args.max_ranks)
     args.batch = args.batch or (8 if quick else 32)
     args.width = args.width or (16 if quick else 64)
+    args.mlp_width = args.mlp_width or (16 if quick else 54)
     args.steps = args.steps or (4 if quick else 20)
     args.warmup = args.warmup or (2 if quick else 5)
     args.rounds = args.rounds or (1 if quick else 3)
-    args.job_timeout = args.job_timeout or (100 if quick else 600)
-    unknown = set(args.modes.split(",")) - set(MODES)
-    if unknown:
-        parser.error(f"unknown modes {sorted(unknown)}; choose from {list(MODES)}")
+    args.job_timeout = args.job_timeout or (100 if quick else 900)
+    for option, chosen, known in (("modes", args.modes, MODES), ("models", args.models, MODELS)):
+        unknown = set(chosen.split(",")) - set(known)
+        if unknown:
+            parser.error(f"unknown {option} {sorted(unknown)}; choose from {list(known)}")
     return args
 
 
@@ -415,21 +494,23 @@ def main(argv=None):
         return 0
     if any(os.environ.get(v) for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")):
         raise SystemExit("run train_scaling.py without mpiexec: it launches one mpiexec job per rank count")
+    machine = common.machine_info()
+    print(f"# ringtrain {machine['commit']}, {machine['date']}, python {sys.executable}", flush=True)
     jobs = []
     with tempfile.TemporaryDirectory() as folder:
         for ranks in range(1, args.max_ranks + 1):
             jobs.append(launch(ranks, args, folder))
             print(f"# {ranks} rank(s): done in {jobs[-1]['wall_s']:.1f} s", flush=True)
     records = summarise(jobs)
-    print_report(records, jobs)
+    print_report(records, jobs, args.rounds)
     if args.json:
-        common.write_json(args.json, {"machine": common.machine_info(), "records": records})
+        common.write_json(args.json, {"machine": machine, "records": records})
     if args.png:
         plot(records, args.png)
     bad = [r for r in records if "skipped" not in r and (not r["params_in_sync"] or
                                                           r.get("max_param_diff_vs_ddp", 0) > PARAM_TOLERANCE)]
     for r in bad:
-        print(f"# WRONG: {r['ranks']} ranks {r['mode']}: parameters in sync {r['params_in_sync']}, "
+        print(f"# WRONG: {r['model']} {r['ranks']} ranks {r['mode']}: parameters in sync {r['params_in_sync']}, "
               f"max |dw| vs DDP {r.get('max_param_diff_vs_ddp')}")
     return 1 if bad else 0
 
