@@ -68,7 +68,7 @@ step "building (nice -n 10, -j${HOROVOD_PEER_JOBS:-2})"
 step "checking: 2 ranks sum distinct tensors through hvd.allreduce"
 cd "$work"   # not the source tree: import the installed package
 mpiexec -n 2 python -c '
-import torch, horovod.torch as hvd
+import torch, horovod, horovod.torch as hvd
 hvd.init()
 assert hvd.mpi_built() and not hvd.gloo_built(), "expected an MPI-only build"
 x = torch.arange(5, dtype=torch.float32) * (hvd.rank() + 1)
@@ -76,6 +76,6 @@ got = hvd.allreduce(x, op=hvd.Sum)
 want = torch.arange(5, dtype=torch.float32) * sum(r + 1 for r in range(hvd.size()))
 assert torch.equal(got, want), (got, want)
 if hvd.rank() == 0:
-    print("horovod", hvd.__version__, "mpi_built", hvd.mpi_built(), "size", hvd.size(), "allreduce ok")
+    print("horovod", horovod.__version__, "mpi_built", hvd.mpi_built(), "size", hvd.size(), "allreduce ok")
 '
 step "done: $venv has horovod $version"
