@@ -233,18 +233,8 @@ class RingtrainTorch(RingtrainAPI):
 
     def runner(self, x, dtype_name, nbytes):
         import ringtrain.torch as binding
-        source = numpy_to_torch(x)
-        tensor = source.clone()
         name = f"bench.torch.{dtype_name}.{nbytes}"
-
-        def run():
-            binding.allreduce_(tensor, op=binding.Sum, name=name)   # in place; later calls sum garbage, same cost
-
-        def check():
-            tensor.copy_(source)
-            run()
-            return torch_to_numpy(tensor)
-        return run, check
+        return torch_in_place_runner(x, lambda tensor: binding.allreduce_(tensor, op=binding.Sum, name=name))
 
 
 class RawTransport:
@@ -342,18 +332,8 @@ class HorovodTorch:
 
     def runner(self, x, dtype_name, nbytes):
         hvd = self.hvd
-        source = numpy_to_torch(x)
-        tensor = source.clone()
         name = f"bench.{dtype_name}.{nbytes}"   # stable, so Horovod's response cache works as in training
-
-        def run():
-            hvd.allreduce_(tensor, op=hvd.Sum, name=name)   # in place; later calls sum garbage, same cost
-
-        def check():
-            tensor.copy_(source)
-            run()
-            return torch_to_numpy(tensor)
-        return run, check
+        return torch_in_place_runner(x, lambda tensor: hvd.allreduce_(tensor, op=hvd.Sum, name=name))
 
     def stop(self):
         self.hvd.shutdown()
@@ -422,6 +402,21 @@ def _require_gpu():
         raise
     except Exception as exc:
         raise Unavailable(f"no usable GPU ({type(exc).__name__}: {exc})")
+
+
+def torch_in_place_runner(x, allreduce_in_place):
+    """(run, check) for an in-place allreduce of a torch copy of x. Later runs sum garbage, which costs the same."""
+    source = numpy_to_torch(x)
+    tensor = source.clone()
+
+    def run():
+        allreduce_in_place(tensor)
+
+    def check():
+        tensor.copy_(source)
+        run()
+        return torch_to_numpy(tensor)
+    return run, check
 
 
 def numpy_to_torch(x):
