@@ -16,6 +16,7 @@ sys.path.insert(0, BENCH_DIR)
 
 import common          # noqa: E402  (benchmarks/ is a folder of scripts, not a package)
 import scaling_model   # noqa: E402
+import train_scaling   # noqa: E402
 
 pytestmark = pytest.mark.bench
 
@@ -163,6 +164,23 @@ def test_projection_formulas():
     assert hidden == pytest.approx(1.0)
     step, _, comm = scaling_model.step_projection("ring (flat)", 2, 1, 1e6, 1.0, hw, 0.0, 32 << 20)
     assert step == pytest.approx(1.0 + comm)
+
+
+def test_train_scaling_reports_the_median_round_and_the_targets():
+    rounds = [{"mode": "ringtrain", "ranks": 2, "samples_per_s_per_rank": v, "hidden_share": h, "params_in_sync": ok}
+              for v, h, ok in ((300.0, 0.5, True), (100.0, None, True), (200.0, 0.7, False))]
+    record = train_scaling.median_round(rounds)
+    assert record["samples_per_s_per_rank"] == 200.0          # the median, not the best (300) nor the first
+    assert record["hidden_share"] == pytest.approx(0.6)       # rounds without a value do not count
+    assert record["params_in_sync"] is False                  # one bad round makes the mode bad
+    assert record["rounds"] == [300.0, 100.0, 200.0]
+    records = [{"model": "mlp", "ranks": 2, "mode": m, "efficiency": e, "samples_per_s_total": t}
+               for m, e, t in (("no-comm", 0.95, 950.0), ("torch-ddp", 0.5, 500.0), ("ringtrain", 0.9, 900.0))]
+    records.append({"model": "mlp", "ranks": 2, "mode": "horovod", "skipped": "not installed"})
+    table = train_scaling.target_table(records)
+    ringtrain_row = next(line for line in table.splitlines() if "ringtrain" in line).split()
+    assert ringtrain_row == ["mlp", "ringtrain", "90%", "95%", "5.0", "1.80"]
+    assert "horovod" not in table
 
 
 def test_common_helpers():
