@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Issue 10's benchmark tables in one go, every file named with LABEL and stamped with the git commit measured:
+#   allreduce_LABEL_rep{1..RUNS}.{json,txt}  float32, 4 KB..64 MB, public API (numpy and torch), raw transports,
+#                                           MPI_Allreduce, gloo, Horovod (where installed), RUNS separate jobs
+#   allreduce_LABEL_headline.txt            median over those runs of busbw and of each run's ratio to MPI_Allreduce
+#   train_scaling_LABEL.{json,txt,png}      1 and 2 ranks, convnet + mlp, median of ROUNDS interleaved rounds
+#
+#     PYTHONPATH=$PWD benchmarks/issue10_tables.sh LABEL [RUNS] [ROUNDS]
+#
+# Uses `python` and `mpiexec` from PATH: activate the venv that benchmarks/build_horovod_peer.sh built to get the
+# Horovod rows. OUT_DIR (default benchmarks/results of this checkout) is where the files go; SMOKE=1 runs both
+# scripts at their --quick size (to check the pipeline, not to measure). Run it on a quiet machine: `uptime` is
+# recorded in the text files because load moves these numbers.
+set -euo pipefail
+
+if [ $# -lt 1 ]; then
+    echo "usage: $0 LABEL [RUNS (3)] [ROUNDS (5)]" >&2
+    exit 2
+fi
+label="$1"
+runs="${2:-3}"
+rounds="${3:-5}"
+cd "$(dirname "$0")/.."
+out="${OUT_DIR:-benchmarks/results}"
+mkdir -p "$out"
+sizes=(--dtypes float32 --min-bytes 4096 --max-bytes 67108864)
+quick=()
+if [ "${SMOKE:-0}" = 1 ]; then sizes=(--quick); quick=(--quick); fi
+impls=ringtrain-shm,ringtrain-torch-shm,ringtrain-shm-raw,ringtrain-mpi,ringtrain-mpi-raw,MPI_Allreduce,torch-gloo,horovod
+stamp() { echo "# commit $(git rev-parse HEAD), $(date -u '+%Y-%m-%d %H:%M UTC'), python $(command -v python), load $(uptime | sed 's/.*load average: //')"; }
+
+for i in $(seq "$runs"); do
+    { stamp; mpiexec -n 2 python benchmarks/allreduce.py "${sizes[@]}" --impls "$impls" \
+        --json "$out/allreduce_${label}_rep$i.json"; } | tee "$out/allreduce_${label}_rep$i.txt"
+done
+{ stamp; python benchmarks/common.py headline "$out"/allreduce_"${label}"_rep*.json; } \
+    | tee "$out/allreduce_${label}_headline.txt"
+
+{ stamp; python benchmarks/train_scaling.py "${quick[@]}" --max-ranks 2 --rounds "$rounds" \
+    --json "$out/train_scaling_${label}.json" --png "$out/train_scaling_${label}.png"; } \
+    | tee "$out/train_scaling_${label}.txt"
