@@ -64,7 +64,7 @@ setup(
         "test": ["pytest", "pytest-mpi", "pytest-timeout", "hypothesis", "scikit-learn"],
         "bench": ["matplotlib", "tqdm"],
         # ringtrain.tensorflow / ringtrain.keras (issue 12) -- one line each, so their owners never touch the same line
-        "tensorflow": [],
+        "tensorflow": ["tensorflow-cpu>=2.21", "keras>=3.15"],   # GPU machines: see README
         # ringtrain.spark (issue 13)
         "spark": [],
         # ringtrain.ray (issue 13)

@@ -1,14 +1,16 @@
-"""Keep tests/parallel/ out of the single-process run: those tests need N ranks and run as mpiexec jobs, launched by
-tests/test_parallel.py. Under `mpiexec ... pytest --with-mpi tests/parallel` they are collected as usual."""
+"""Keep tests/parallel/ and tests/parallel_tf/ out of the single-process run: those tests need N ranks and run as
+mpiexec jobs, launched by tests/test_parallel.py and tests/test_parallel_tf.py. Under
+`mpiexec ... pytest --with-mpi tests/parallel` they are collected as usual."""
 import os
 
-PARALLEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "parallel")
+HERE = os.path.dirname(os.path.abspath(__file__))
+PARALLEL_DIRS = [os.path.join(HERE, "parallel"), os.path.join(HERE, "parallel_tf")]
 
 
 def pytest_ignore_collect(collection_path, config):
     if config.getoption("--with-mpi", default=False):
         return None
     path = os.path.abspath(str(collection_path))
-    if path == PARALLEL_DIR or path.startswith(PARALLEL_DIR + os.sep):
+    if any(path == d or path.startswith(d + os.sep) for d in PARALLEL_DIRS):
         return True
     return None

@@ -34,12 +34,12 @@ RANK_ENVIRONMENT = {
 }
 
 
-def job_command(num_ranks, mpiexec, flavor):
+def job_command(num_ranks, mpiexec, flavor, directory=PARALLEL_DIR):
     cmd = [mpiexec, "-n", str(num_ranks)]
     if flavor == "hydra":
         cmd.append("-prepend-rank")          # "[r] ..." on every line: whose output is whose
     return cmd + [sys.executable, "-m", "mpi4py", "-m", "pytest", "--with-mpi", "-x", "-q", "-p", "no:cacheprovider",
-                  f"--timeout={PER_TEST_TIMEOUT_S}", PARALLEL_DIR]
+                  f"--timeout={PER_TEST_TIMEOUT_S}", directory]
 
 
 def job_environment():
@@ -61,18 +61,25 @@ def tail(path):
 @pytest.mark.timeout(JOB_TIMEOUT_S + 60)
 @pytest.mark.parametrize("num_ranks", [2, 3, 4])
 def test_parallel_suite(num_ranks):
+    run_job(num_ranks, PARALLEL_DIR, JOB_TIMEOUT_S)
+
+
+def run_job(num_ranks, directory, timeout_s, extra_env=None):
+    """One mpiexec job of `pytest --with-mpi directory`; fails the calling test with the ranks' output tail."""
     mpiexec = run.find_mpiexec()
-    cmd = job_command(num_ranks, mpiexec, run.mpi_flavor(mpiexec))
+    cmd = job_command(num_ranks, mpiexec, run.mpi_flavor(mpiexec), directory)
+    env = job_environment()
+    env.update(extra_env or {})
     with tempfile.NamedTemporaryFile(prefix=f"ringtrain-parallel-{num_ranks}-", suffix=".log", delete=False) as log:
         log_path = log.name
     start = time.monotonic()
     try:
         with open(log_path, "wb") as log:
             # own session: on timeout we SIGKILL mpiexec's group, and hydra's proxy then kills every rank
-            proc = subprocess.Popen(cmd, cwd=REPO, env=job_environment(), stdin=subprocess.DEVNULL, stdout=log,
+            proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True)
             try:
-                returncode = proc.wait(timeout=JOB_TIMEOUT_S)
+                returncode = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 returncode = None
             finally:
@@ -82,10 +89,10 @@ def test_parallel_suite(num_ranks):
         elapsed = time.monotonic() - start
         output = tail(log_path)
         if returncode is None:
-            pytest.fail(f"{num_ranks}-rank job did not finish within {JOB_TIMEOUT_S} s and was killed.\n"
+            pytest.fail(f"{num_ranks}-rank job did not finish within {timeout_s} s and was killed.\n"
                         f"command: {' '.join(cmd)}\n--- last ranks' output ---\n{output}", pytrace=False)
         if returncode == NO_TESTS_COLLECTED and "no tests ran" in output:
-            pytest.skip(f"no tests collected in {PARALLEL_DIR}")
+            pytest.skip(f"no tests collected in {directory}")
         if returncode != 0:
             pytest.fail(f"{num_ranks}-rank job failed (mpiexec exit status {returncode}, {elapsed:.0f} s).\n"
                         f"command: {' '.join(cmd)}\n--- last ranks' output ---\n{output}", pytrace=False)

@@ -1,0 +1,29 @@
+"""ringtrain for Keras 3 on the TensorFlow backend, with Horovod's names: `import ringtrain.keras as hvd`.
+
+    import keras
+    import ringtrain.keras as hvd
+    hvd.init()
+    model = build_model()
+    opt = hvd.DistributedOptimizer(keras.optimizers.Adam(0.001 * hvd.size()))
+    model.compile(optimizer=opt, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    model.fit(x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()], epochs=5, verbose=hvd.verbose(),
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()])
+"""
+import keras as _keras
+
+from ringtrain.tensorflow import (  # noqa: F401
+    Average, Compression, Max, Min, Product, ReduceOp, Sum,
+    allgather, allgather_object, allreduce, alltoall, barrier, broadcast, broadcast_object, broadcast_variables,
+    cross_rank, cross_size, grouped_allreduce, init, is_initialized, join, local_rank, local_size, rank,
+    reducescatter, shutdown, size,
+)
+
+from . import callbacks  # noqa: F401
+from .optimizer import DistributedOptimizer  # noqa: F401
+from .rank_zero import print0, rank_zero_only, verbose  # noqa: F401
+
+if not _keras.__version__.startswith("3."):
+    raise ImportError(f"ringtrain.keras needs Keras 3, found keras {_keras.__version__}")
+if _keras.backend.backend() != "tensorflow":
+    raise ImportError(f"ringtrain.keras needs the TensorFlow backend (KERAS_BACKEND=tensorflow), "
+                      f"found {_keras.backend.backend()!r}")

@@ -1,0 +1,112 @@
+"""Keras callbacks for data-parallel fit, with Horovod's names.
+
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),      # same start on every rank
+                 hvd.callbacks.MetricAverageCallback(),                  # epoch metrics averaged over ranks
+                 hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.01 * hvd.size(), warmup_epochs=3,
+                                                          steps_per_epoch=steps)]
+    model.fit(x, y, callbacks=callbacks, verbose=hvd.verbose())
+
+Every ringtrain callback turns XLA off for the train step before fit traces it (with a warning; see xla.py).
+"""
+import numpy as np
+import keras
+
+import ringtrain as _core
+from ringtrain.tensorflow import functions
+
+from . import xla
+
+
+class _RingtrainCallback(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        xla.turn_off_xla(self.model)
+
+
+class BroadcastGlobalVariablesCallback(_RingtrainCallback):
+    """At the start of fit, make every rank's model and optimizer variables equal root_rank's. The optimizer is
+    built first if it is not yet, so its state (Adam's moments, iterations) starts equal too."""
+
+    def __init__(self, root_rank=0):
+        super().__init__()
+        self.root_rank = root_rank
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        optimizer = getattr(self.model, "optimizer", None)
+        variables = list(self.model.variables)
+        if optimizer is not None:
+            if not optimizer.built:
+                optimizer.build(self.model.trainable_variables)
+            variables += list(optimizer.variables)
+        functions.broadcast_variables(variables, self.root_rank, prefix="BroadcastGlobalVariablesCallback")
+
+
+class MetricAverageCallback(_RingtrainCallback):
+    """At the end of every epoch, replace each numeric metric in `logs` by its mean over all ranks (before any
+    later callback such as a checkpoint or a logger reads them: list this one first)."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not logs:
+            return
+        keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0 and isinstance(float(v), float))
+        values = np.array([float(logs[k]) for k in keys], np.float64)
+        averaged = _core.allreduce(values, op=functions.Average,
+                                             name=f"MetricAverageCallback.{epoch}.{','.join(keys)}")
+        for key, value in zip(keys, averaged):
+            logs[key] = float(value)
+
+
+class LearningRateScheduleCallback(_RingtrainCallback):
+    """Between start_epoch and end_epoch, set the learning rate to initial_lr * multiplier(epoch).
+
+    multiplier: a number, or a function of the epoch (a float inside the epoch when staircase=False and
+    steps_per_epoch is known, so the rate changes every batch)."""
+
+    def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None, staircase=True, steps_per_epoch=None,
+                 verbose=0):
+        super().__init__()
+        self.initial_lr = float(initial_lr)
+        self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier)
+        self.start_epoch, self.end_epoch = start_epoch, end_epoch
+        self.staircase = staircase
+        self.steps_per_epoch = steps_per_epoch
+        self.verbose = verbose
+        self._epoch = 0
+
+    def _active(self, epoch):
+        return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)
+
+    def _set(self, epoch):
+        lr = self.initial_lr * self.multiplier(epoch)
+        self.model.optimizer.learning_rate = lr
+        return lr
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        if self._active(epoch):
+            lr = self._set(epoch)
+            if self.verbose and functions.rank() == 0:
+                print(f"\nEpoch {epoch + 1}: learning rate {lr:.6g}")
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.staircase or not self.steps_per_epoch or not self._active(self._epoch):
+            return
+        self._set(self._epoch + batch / self.steps_per_epoch)
+
+
+class LearningRateWarmupCallback(LearningRateScheduleCallback):
+    """Ramp the learning rate from initial_lr / size() to initial_lr over warmup_epochs (Goyal et al., 2017:
+    large effective batches train well when the scaled rate is reached gradually). Per batch when steps_per_epoch
+    is given, else per epoch."""
+
+    def __init__(self, initial_lr, warmup_epochs=5, steps_per_epoch=None, verbose=0):
+        size = functions.size()
+
+        def multiplier(epoch):
+            return 1.0 / size * (epoch * (size - 1) / warmup_epochs + 1)
+        super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs,
+                         staircase=steps_per_epoch is None, steps_per_epoch=steps_per_epoch, verbose=verbose)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == self.end_epoch - 1 and self.verbose and functions.rank() == 0:
+            print(f"\nEpoch {epoch + 1}: finished learning rate warm-up to {self.initial_lr:.6g}")

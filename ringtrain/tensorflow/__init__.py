@@ -1,0 +1,29 @@
+"""ringtrain for TensorFlow 2, with Horovod's names: `import ringtrain.tensorflow as hvd` and a horovod.tensorflow
+script runs.
+
+    import ringtrain.tensorflow as hvd
+    hvd.init()
+
+    @tf.function
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        tape = hvd.DistributedGradientTape(tape)
+        grads = tape.gradient(loss, model.trainable_variables)      # averaged over all ranks
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    hvd.broadcast_variables(model.variables, root_rank=0)           # after the model is built
+Keras 3 (model.fit) is ringtrain.keras.
+"""
+from ringtrain.errors import (RankFailureError, RingtrainError, StallError, TensorMismatchError,  # noqa: F401
+                              UnsupportedDtypeError)
+
+from .compression import Compression  # noqa: F401
+from .functions import (  # noqa: F401
+    Average, Max, Min, Product, ReduceOp, Sum,
+    allgather, allgather_object, allreduce, alltoall, barrier, broadcast, broadcast_, broadcast_object,
+    broadcast_variables, cross_rank, cross_size, grouped_allreduce, init, is_initialized, join, local_rank,
+    local_size, rank, reducescatter, shutdown, size,
+)
+from .gradient_tape import DistributedGradientTape  # noqa: F401

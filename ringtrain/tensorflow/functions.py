@@ -1,0 +1,386 @@
+"""The core API on tf tensors, with Horovod's names: eagerly, inside tf.function, and differentiable.
+
+Eagerly, a tensor goes to the core as a zero-copy numpy view (GPU: a cupy view through DLPack) and the result comes
+back without a copy where TF allows it (see arrays.py). Inside tf.function each collective is one
+`tf.numpy_function` node with declared output dtypes and shapes; it is stateful, so tf.function's automatic control
+dependencies run the collectives in program order, which keeps every rank's sequence the same (a host callback
+blocks its thread until the collective is done, so two ranks must not run two of them in different orders).
+No C++ op is built. Under XLA (jit_compile=True) host callbacks cannot run: see ringtrain.keras.xla.
+
+Gradients (tf.custom_gradient) follow Horovod's rules, with the loss understood as each rank's own loss:
+allreduce -> allreduce of the gradient with the same op and scales (Average or Sum); allgather -> this rank's rows of
+the gradient averaged over ranks; broadcast -> the averaged gradient on the root, zeros elsewhere; alltoall -> the
+reverse alltoall; reducescatter -> allgather of the gradient (divided by size() for Average).
+
+Auto names (name=None) must be the same on every rank: eagerly they count calls ("tf.allreduce.7"); in a graph they
+come from the input tensor's graph name ("tf.allreduce.dense/MatMul:0"), which does not depend on how many
+functions a rank happened to trace before.
+
+    import ringtrain.tensorflow as hvd
+    hvd.init()
+    total = hvd.allreduce(tf.constant([float(hvd.rank())]), op=hvd.Sum)   # [0 + 1 + ... + size-1]
+"""
+import collections
+import re
+import threading
+import weakref
+
+import numpy as np
+import tensorflow as tf
+
+import ringtrain as _core
+from ringtrain.ops import Average, Max, Min, Product, ReduceOp, Sum, as_op  # noqa: F401  (re-exported)
+
+from . import arrays
+from .compression import Compression
+
+# ---------------------------------------------------------------- lifecycle and topology (thin pass-through)
+
+
+def init(comm=None, **config_overrides):
+    """Start ringtrain (MPI, topology, engine). Keyword overrides are ringtrain.config.Config fields."""
+    return _core.init(comm, **config_overrides)
+
+
+def shutdown():
+    return _core.shutdown()
+
+
+def is_initialized():
+    return _core.is_initialized()
+
+
+def rank():
+    return _core.rank()
+
+
+def size():
+    return _core.size()
+
+
+def local_rank():
+    return _core.local_rank()
+
+
+def local_size():
+    return _core.local_size()
+
+
+def cross_rank():
+    return _core.cross_rank()
+
+
+def cross_size():
+    return _core.cross_size()
+
+
+# ---------------------------------------------------------------- names and host calls
+
+_eager_counts = collections.Counter()
+_count_lock = threading.Lock()
+_graph_counts = weakref.WeakKeyDictionary()   # graph -> names used in it (a name twice in one graph gets .2, .3)
+
+
+# our functions branch on Python values only; autograph would just slow tracing down
+_no_autograph = tf.autograph.experimental.do_not_convert
+
+
+def _auto_name(kind, name, tensor):
+    if name is not None:
+        return name
+    if tf.executing_eagerly():
+        with _count_lock:
+            _eager_counts[kind] += 1
+            return f"tf.{kind}.{_eager_counts[kind]}"
+    base = f"tf.{kind}.{tensor.name}"
+    counts = _graph_counts.setdefault(tensor.graph, collections.Counter())
+    counts[base] += 1
+    return base if counts[base] == 1 else f"{base}.{counts[base]}"
+
+
+def _node_name(name):
+    """A valid TF op name derived from the collective's name (graph readability only)."""
+    return "ringtrain_" + re.sub(r"[^A-Za-z0-9_.\-/]", "_", name)[:200]
+
+
+def host_call(fn, inputs, out_specs, name):
+    """Run fn(*arrays) -> list of arrays on `inputs`: eagerly on zero-copy views, in a graph as one stateful
+    tf.numpy_function node whose outputs get the declared (dtype, shape) of out_specs."""
+    if tf.executing_eagerly():
+        return [arrays.to_tensor(r) for r in fn(*[arrays.to_array(t) for t in inputs])]
+    outputs = tf.numpy_function(fn, list(inputs), [dtype for dtype, _ in out_specs], stateful=True,
+                                name=_node_name(name))
+    for out, (_, shape) in zip(outputs, out_specs):
+        out.set_shape(shape)
+    return outputs
+
+
+def _rows_unknown(shape):
+    shape = tf.TensorShape(shape)
+    if shape.rank is None or shape.rank == 0:
+        return shape
+    return tf.TensorShape([None]).concatenate(shape[1:])
+
+
+def _as_numpy(array):
+    """Host callbacks get numpy arrays; make sure they are C-contiguous (the core requires it)."""
+    return np.ascontiguousarray(array) if isinstance(array, np.ndarray) else array
+
+
+def _output_like(array):
+    """A 64-byte-aligned numpy result buffer (TF can then take it without a copy); cupy: let the core allocate."""
+    return arrays.aligned_empty(array.shape, array.dtype) if isinstance(array, np.ndarray) else None
+
+
+def _resolve_op(op, average):
+    """Horovod's deprecated `average=` flag still works; `op` wins when both are given."""
+    if op is not None:
+        return as_op(op)
+    if average is None or average:
+        return Average
+    return Sum
+
+
+def _zeros_for_none(grads, like):
+    return [tf.zeros_like(x) if g is None else g for g, x in zip(grads, like)]
+
+
+# ---------------------------------------------------------------- allreduce
+
+
+def _allreduce_raw(tensors, names, op, prescale_factor, postscale_factor):
+    """One host call reducing every tensor of the list (each its own named request; the engine fuses them)."""
+    def run(*inputs):
+        handles = [_core.allreduce_async(_as_numpy(x), op=op, name=n, prescale_factor=prescale_factor,
+                                         postscale_factor=postscale_factor, out=_output_like(x))
+                   for x, n in zip(inputs, names)]
+        return [h.wait() for h in handles]
+    return host_call(run, tensors, [(t.dtype, t.shape) for t in tensors], names[0])
+
+
+def _allreduce_differentiable(tensors, names, op, prescale_factor, postscale_factor):
+    @tf.custom_gradient
+    def reduce(*xs):
+        ys = _allreduce_raw(list(xs), names, op, prescale_factor, postscale_factor)
+
+        def grad(*dys):
+            if op not in (Average, Sum):
+                raise NotImplementedError(f"allreduce with op={op.name} has no gradient (only Average and Sum)")
+            return _allreduce_raw(_zeros_for_none(dys, ys), [n + ".grad" for n in names], op,
+                                  prescale_factor, postscale_factor)
+        return ys, grad
+    return list(reduce(*tensors))
+
+
+def _allreduce_indexed_slices(slices, name, op):
+    """A sparse gradient: gather every rank's (values, indices) instead of densifying; Average divides by size()."""
+    if op not in (Average, Sum):
+        raise ValueError(f"allreduce of tf.IndexedSlices supports op=Average or Sum, got {op.name}")
+    values = allgather(slices.values, name=name + ".values")
+    indices = allgather(slices.indices, name=name + ".indices")
+    if op == Average:
+        values = values / tf.cast(size(), values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
+
+
+@_no_autograph
+def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, name=None):
+    """Reduce `tensor` over all ranks (default: Average). tf.IndexedSlices are gathered (values and indices).
+    device_dense / device_sparse are accepted for Horovod compatibility and ignored (results stay where TF puts
+    them). `compression` casts the tensor for the wire and back."""
+    op = _resolve_op(op, average)
+    if isinstance(tensor, tf.IndexedSlices):
+        return _allreduce_indexed_slices(tensor, _auto_name("allreduce", name, tensor.values), op)
+    tensor = tf.convert_to_tensor(tensor)
+    name = _auto_name("allreduce", name, tensor)
+    wire, ctx = compression.compress(tensor)
+    (reduced,) = _allreduce_differentiable([wire], [name], op, prescale_factor, postscale_factor)
+    return compression.decompress(reduced, ctx)
+
+
+@_no_autograph
+def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", compression=Compression.none,
+                      op=None, prescale_factor=1.0, postscale_factor=1.0, name=None):
+    """Allreduce a list of tensors as one group (one host call; the engine fuses them)."""
+    op = _resolve_op(op, average)
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    if not tensors:
+        raise ValueError("grouped_allreduce needs at least one tensor")
+    base = _auto_name("grouped_allreduce", name, tensors[0])
+    compressed = [compression.compress(t) for t in tensors]
+    reduced = _allreduce_differentiable([w for w, _ in compressed], [f"{base}.{i}" for i in range(len(tensors))],
+                                        op, prescale_factor, postscale_factor)
+    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, compressed)]
+
+
+# ---------------------------------------------------------------- allgather, broadcast, alltoall, reducescatter
+
+
+def _allgather_raw(tensor, name):
+    def run(x):
+        return [_core.allgather(_as_numpy(x), name=name)]
+    return host_call(run, [tensor], [(tensor.dtype, _rows_unknown(tensor.shape))], name)[0]
+
+
+@_no_autograph
+def allgather(tensor, name=None):
+    """Concatenate every rank's tensor along dim 0 (dim 0 may differ per rank)."""
+    tensor = tf.convert_to_tensor(tensor)
+    if tensor.shape.rank == 0:
+        raise ValueError("allgather needs a tensor with at least one dimension")
+    name = _auto_name("allgather", name, tensor)
+
+    @tf.custom_gradient
+    def gather(x):
+        y = _allgather_raw(x, name)
+
+        def grad(dy):
+            averaged = _allreduce_raw([dy], [name + ".grad"], Average, 1.0, 1.0)[0]
+            rows = _allgather_raw(tf.shape(x, out_type=tf.int64)[:1], name + ".grad.rows")
+            offset = tf.reduce_sum(rows[:rank()])
+            return averaged[offset:offset + rows[rank()]]
+        return y, grad
+    return gather(tensor)
+
+
+def _broadcast_raw(tensors, names, root_rank):
+    def run(*inputs):
+        handles = [_core.broadcast_async(_as_numpy(x), root_rank, name=n, out=_output_like(x))
+                   for x, n in zip(inputs, names)]
+        return [h.wait() for h in handles]
+    return host_call(run, tensors, [(t.dtype, t.shape) for t in tensors], names[0])
+
+
+@_no_autograph
+def broadcast(tensor, root_rank=0, name=None):
+    """root_rank's tensor on every rank."""
+    tensor = tf.convert_to_tensor(tensor)
+    name = _auto_name("broadcast", name, tensor)
+
+    @tf.custom_gradient
+    def bcast(x):
+        y = _broadcast_raw([x], [name], root_rank)[0]
+
+        def grad(dy):
+            averaged = _allreduce_raw([dy], [name + ".grad"], Average, 1.0, 1.0)[0]
+            return averaged if rank() == root_rank else tf.zeros_like(averaged)
+        return y, grad
+    return bcast(tensor)
+
+
+@_no_autograph
+def broadcast_(variable, root_rank=0, name=None):
+    """Assign root_rank's value to `variable` on every rank; returns the variable."""
+    variable.assign(broadcast(tf.convert_to_tensor(variable), root_rank,
+                              name or f"broadcast_.{variable_name(variable)}"))
+    return variable
+
+
+def variable_name(variable):
+    """The variable's path ('sequential/dense/kernel') without Keras's per-process uniquifying suffixes
+    ('sequential_3/dense_7/kernel'): those count the layers a process created so far, which may differ by rank."""
+    name = getattr(variable, "path", None) or variable.name
+    return "/".join(re.sub(r"_\d+$", "", part) for part in name.split(":")[0].split("/"))
+
+
+@_no_autograph
+def broadcast_variables(variables, root_rank=0, prefix="broadcast_variables"):
+    """Assign root_rank's values to every variable (one host call for all of them; the engine fuses them).
+    Every rank must pass the same variables in the same order. In a graph, returns the group of assignments."""
+    variables = list(variables)
+    if not variables:
+        return tf.no_op() if not tf.executing_eagerly() else None
+    names = [f"{prefix}.{i}.{variable_name(v)}" for i, v in enumerate(variables)]
+    values = _broadcast_raw([tf.convert_to_tensor(v) for v in variables], names, root_rank)
+    assignments = [v.assign(value) for v, value in zip(variables, values)]
+    return None if tf.executing_eagerly() else tf.group(*assignments)
+
+
+def _alltoall_raw(tensor, splits, name):
+    def run(x, *maybe_splits):
+        received, received_splits = _core.alltoall(_as_numpy(x), splits=maybe_splits[0] if maybe_splits else None,
+                                                   name=name)
+        return [received, np.asarray(received_splits, np.int32)]
+    inputs = [tensor] if splits is None else [tensor, tf.cast(splits, tf.int32)]
+    return host_call(run, inputs, [(tensor.dtype, _rows_unknown(tensor.shape)), (tf.int32, [size()])], name)
+
+
+@_no_autograph
+def alltoall(tensor, splits=None, name=None):
+    """Send splits[i] rows of `tensor` (dim 0) to rank i; returns (received tensor, received_splits int32)."""
+    tensor = tf.convert_to_tensor(tensor)
+    if tensor.shape.rank == 0:
+        raise ValueError("alltoall needs a tensor with at least one dimension")
+    name = _auto_name("alltoall", name, tensor)
+
+    @tf.custom_gradient
+    def exchange(x):
+        received, received_splits = _alltoall_raw(x, splits, name)
+
+        def grad(d_received, _d_splits):
+            if d_received is None:
+                d_received = tf.zeros_like(received)
+            return _alltoall_raw(d_received, received_splits, name + ".grad")[0]
+        return (received, received_splits), grad
+    return exchange(tensor)
+
+
+def _reducescatter_rows(rows, rank_, size_):
+    """This rank's block of `rows` (the core's rule: split as evenly as possible, first blocks larger)."""
+    return rows // size_ + (1 if rank_ < rows % size_ else 0)
+
+
+def _reducescatter_raw(tensor, op, name):
+    def run(x):
+        return [_core.reducescatter(_as_numpy(x), op=op, name=name)]
+    shape = tensor.shape
+    if shape.rank and shape[0] is not None:
+        shape = tf.TensorShape([_reducescatter_rows(shape[0], rank(), size())]).concatenate(shape[1:])
+    else:
+        shape = _rows_unknown(shape)
+    return host_call(run, [tensor], [(tensor.dtype, shape)], name)[0]
+
+
+@_no_autograph
+def reducescatter(tensor, op=Average, name=None):
+    """Reduce over ranks and keep this rank's block of dim 0 (first blocks larger when it does not divide)."""
+    op = as_op(op)
+    tensor = tf.convert_to_tensor(tensor)
+    if tensor.shape.rank == 0:
+        raise ValueError("reducescatter needs a tensor with at least one dimension")
+    name = _auto_name("reducescatter", name, tensor)
+
+    @tf.custom_gradient
+    def scatter(x):
+        y = _reducescatter_raw(x, op, name)
+
+        def grad(dy):
+            if op not in (Average, Sum):
+                raise NotImplementedError(f"reducescatter with op={op.name} has no gradient (only Average and Sum)")
+            gathered = _allgather_raw(dy, name + ".grad")
+            return gathered / tf.cast(size(), gathered.dtype) if op == Average else gathered
+        return y, grad
+    return scatter(tensor)
+
+
+# ---------------------------------------------------------------- control and objects (eager only)
+
+
+def barrier():
+    return _core.barrier()
+
+
+def join():
+    """This rank has no more data; returns the last rank to join. See ringtrain.join."""
+    return _core.join()
+
+
+def broadcast_object(obj, root_rank=0, name=None):
+    """root_rank's picklable object on every rank. Uses pickle: only for trusted peers (your own job's ranks)."""
+    return _core.broadcast_object(obj, root_rank=root_rank, name=name)
+
+
+def allgather_object(obj, name=None):
+    """List of every rank's picklable object, in rank order. Uses pickle: only for trusted peers."""
+    return _core.allgather_object(obj, name=name)

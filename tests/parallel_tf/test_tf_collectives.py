@@ -1,0 +1,170 @@
+"""ringtrain.tensorflow collectives on tf tensors vs a numpy reference, for every dtype, eagerly and in tf.function;
+and their gradients vs the rules written in ringtrain/tensorflow/functions.py."""
+import ml_dtypes
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import ringtrain.tensorflow as hvd
+
+DTYPES = [tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.uint8, tf.int32, tf.int64, tf.bool]
+MODES = ["eager", "graph"]
+
+
+def rank_array(rank, dtype, rows=5, cols=3):
+    """Distinct per rank, exact in every dtype (small integers)."""
+    values = (np.arange(rows * cols).reshape(rows, cols) + 3 * rank) % 7
+    if dtype == tf.bool:
+        return values % 2 == 1
+    return values.astype(ml_dtypes.bfloat16 if dtype == tf.bfloat16 else dtype.as_numpy_dtype)
+
+
+def run(mode, fn, *args):
+    return fn(*args) if mode == "eager" else tf.function(fn)(*args)
+
+
+def as_numpy(t):
+    return t.numpy().astype(np.float64) if t.dtype not in (tf.bool,) else t.numpy()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_allreduce_every_dtype(mode, dtype):
+    n, r = hvd.size(), hvd.rank()
+    everyone = [rank_array(k, dtype) for k in range(n)]
+    x = tf.constant(everyone[r], dtype=dtype)
+    if dtype == tf.bool:
+        got = run(mode, lambda t: hvd.allreduce(t, op=hvd.Max, name=f"ar.{mode}.{dtype.name}"), x)
+        np.testing.assert_array_equal(got.numpy(), np.logical_or.reduce(everyone))
+        return
+    got = run(mode, lambda t: hvd.allreduce(t, op=hvd.Sum, name=f"ar.{mode}.{dtype.name}"), x)
+    assert got.dtype == dtype and got.shape == x.shape
+    np.testing.assert_array_equal(as_numpy(got), np.sum([e.astype(np.float64) for e in everyone], axis=0))
+    lowest = run(mode, lambda t: hvd.allreduce(t, op=hvd.Min, name=f"armin.{mode}.{dtype.name}"), x)
+    np.testing.assert_array_equal(as_numpy(lowest), np.min([e.astype(np.float64) for e in everyone], axis=0))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_allgather_broadcast_alltoall_every_dtype(mode, dtype):
+    n, r = hvd.size(), hvd.rank()
+    mine = rank_array(r, dtype, rows=r + 1)          # dim 0 differs per rank
+    gathered = run(mode, lambda t: hvd.allgather(t, name=f"ag.{mode}.{dtype.name}"), tf.constant(mine, dtype))
+    expected = np.concatenate([rank_array(k, dtype, rows=k + 1) for k in range(n)])
+    assert gathered.dtype == dtype
+    np.testing.assert_array_equal(gathered.numpy(), expected)
+
+    root = n - 1
+    got = run(mode, lambda t: hvd.broadcast(t, root, name=f"bc.{mode}.{dtype.name}"),
+              tf.constant(rank_array(r, dtype), dtype))
+    np.testing.assert_array_equal(got.numpy(), rank_array(root, dtype))
+
+    # rank r sends (j + 1) rows to rank j; row values say who sent them
+    sends = np.concatenate([np.full((j + 1, 2), 10 * r + j) for j in range(n)])
+    data = tf.constant(rank_array(0, dtype, rows=len(sends), cols=2) if dtype == tf.bool else
+                       sends.astype(rank_array(0, dtype).dtype), dtype)
+    received, received_splits = run(mode, lambda t: hvd.alltoall(t, splits=[j + 1 for j in range(n)],
+                                                                  name=f"a2a.{mode}.{dtype.name}"), data)
+    np.testing.assert_array_equal(received_splits.numpy(), [r + 1] * n)
+    if dtype != tf.bool:
+        expected = np.concatenate([np.full((r + 1, 2), 10 * k + r) for k in range(n)])
+        np.testing.assert_array_equal(as_numpy(received), expected)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d != tf.bool], ids=lambda d: d.name)
+def test_reducescatter_every_dtype(mode, dtype):
+    n, r = hvd.size(), hvd.rank()
+    rows = 2 * n + 1                                  # does not divide: first blocks larger
+    everyone = [rank_array(k, dtype, rows=rows) for k in range(n)]
+    got = run(mode, lambda t: hvd.reducescatter(t, op=hvd.Sum, name=f"rs.{mode}.{dtype.name}"),
+              tf.constant(everyone[r], dtype))
+    total = np.sum([e.astype(np.float64) for e in everyone], axis=0)
+    blocks = np.array_split(total, n)
+    np.testing.assert_array_equal(as_numpy(got), blocks[r])
+
+
+@pytest.mark.mpi(min_size=2)
+def test_grouped_allreduce_and_compression():
+    n, r = hvd.size(), hvd.rank()
+    tensors = [tf.fill([k + 1], float(r + 1)) for k in range(3)] + [tf.constant([r], tf.int64)]
+    got = hvd.grouped_allreduce(tensors, op=hvd.Sum, name="grouped")
+    for k in range(3):
+        np.testing.assert_array_equal(got[k].numpy(), [n * (n + 1) / 2] * (k + 1))
+    assert got[3].numpy().tolist() == [n * (n - 1) // 2]
+    for compression in (hvd.Compression.fp16, hvd.Compression.bf16):
+        out = hvd.allreduce(tf.fill([7], 0.25 * (r + 1)), compression=compression, name=f"c.{compression.__name__}")
+        assert out.dtype == tf.float32
+        np.testing.assert_allclose(out.numpy(), 0.25 * (n + 1) / 2, rtol=1e-2)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_indexed_slices_are_gathered():
+    n, r = hvd.size(), hvd.rank()
+    slices = tf.IndexedSlices(tf.fill([1, 2], float(r)), tf.constant([r]), dense_shape=tf.constant([n, 2]))
+    got = hvd.allreduce(slices, op=hvd.Average, name="sparse")
+    np.testing.assert_array_equal(tf.convert_to_tensor(got).numpy(), [[k / n] * 2 for k in range(n)])
+
+
+# ---------------------------------------------------------------- gradients
+
+
+def gradient(mode, forward, x):
+    def compute(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = forward(x)
+            # a per-rank weighting of the output, so the upstream gradient differs by rank
+            loss = tf.reduce_sum(y * (tf.cast(tf.range(tf.size(y)), y.dtype) + 1.0) * (hvd.rank() + 1.0))
+        return tape.gradient(loss, x)
+    return run(mode, compute, x).numpy()
+
+
+def upstream(rank, length):
+    return (np.arange(length) + 1.0) * (rank + 1.0)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode", MODES)
+def test_gradients_follow_the_documented_rules(mode):
+    n, r = hvd.size(), hvd.rank()
+    x = tf.constant(np.arange(2 * n, dtype=np.float64) + r)
+    length = 2 * n
+    mean_upstream = np.mean([upstream(k, length) for k in range(n)], axis=0)
+
+    g = gradient(mode, lambda t: hvd.allreduce(t, op=hvd.Average, name=f"g.ar.{mode}"), x)
+    np.testing.assert_allclose(g, mean_upstream)
+    g = gradient(mode, lambda t: hvd.allreduce(t, op=hvd.Sum, name=f"g.ars.{mode}"), x)
+    np.testing.assert_allclose(g, mean_upstream * n)
+
+    g = gradient(mode, lambda t: hvd.allgather(t, name=f"g.ag.{mode}"), x)
+    gathered_upstream = np.mean([upstream(k, length * n) for k in range(n)], axis=0)
+    np.testing.assert_allclose(g, gathered_upstream[r * length:(r + 1) * length])
+
+    root = n - 1
+    g = gradient(mode, lambda t: hvd.broadcast(t, root, name=f"g.bc.{mode}"), x)
+    np.testing.assert_allclose(g, mean_upstream if r == root else np.zeros(length))
+
+    g = gradient(mode, lambda t: hvd.alltoall(t, name=f"g.a2a.{mode}")[0], x)
+    # received row i came from rank i // 2, row r*2 + i % 2 of its input: the reverse exchange sends it back
+    back = np.concatenate([upstream(k, length)[2 * r:2 * r + 2] for k in range(n)])
+    np.testing.assert_allclose(g, back)
+
+    g = gradient(mode, lambda t: hvd.reducescatter(t, op=hvd.Average, name=f"g.rs.{mode}"), x)
+    np.testing.assert_allclose(g, np.concatenate([upstream(k, 2) for k in range(n)]) / n)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_zero_copy_view_of_eager_tensor():
+    from ringtrain.tensorflow import arrays
+    x = tf.random.normal([256, 256])
+    a, b = arrays.to_array(x), arrays.to_array(x)
+    assert np.shares_memory(a, b)         # both are views of the tensor's own buffer, not copies
+    out = arrays.aligned_empty((256, 256), np.float32)
+    out[...] = 3.0
+    t = arrays.to_tensor(out)
+    out[0, 0] = 5.0                       # the tensor wraps `out` itself (DLPack), so it sees the write
+    assert float(t[0, 0]) == 5.0

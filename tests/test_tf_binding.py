@@ -1,0 +1,71 @@
+"""Single-process checks of the TensorFlow/Keras binding that need no second rank (the N-rank tests live in
+tests/parallel_tf/, launched by tests/test_parallel_tf.py)."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from test_parallel_tf import require_tensorflow
+
+
+def test_import_ringtrain_and_torch_binding_do_not_import_tensorflow():
+    code = ("import sys, ringtrain, ringtrain.torch; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+@pytest.fixture(scope="module")
+def tf():
+    require_tensorflow()
+    import tensorflow
+    return tensorflow
+
+
+def test_xla_decision(tf):
+    from ringtrain.keras.xla import decide_jit_compile
+    assert decide_jit_compile(False) == (False, None)
+    use, warning = decide_jit_compile(True)            # what "auto" resolves to on a GPU machine
+    assert use is False and "runs without XLA" in warning
+
+
+def test_bucket_layout_splits_by_size_and_dtype(tf):
+    from ringtrain.tensorflow.gradients import layout_buckets
+    f32, f64 = tf.float32, tf.float64
+    assert layout_buckets([(4, f32), (4, f32), (4, f32)], 8) == [[0, 1], [2]]
+    assert layout_buckets([(4, f32), (4, f64), (4, f64)], 100) == [[0], [1, 2]]
+    assert layout_buckets([(50, f32), (1, f32)], 8) == [[0], [1]]      # an oversized tensor gets its own bucket
+
+
+def test_compression_round_trip(tf):
+    from ringtrain.tensorflow import Compression
+    x = tf.constant([1.0, 2.5, -3.25], tf.float32)
+    for compressor, wire in ((Compression.fp16, tf.float16), (Compression.bf16, tf.bfloat16)):
+        compressed, ctx = compressor.compress(x)
+        assert compressed.dtype == wire
+        back = compressor.decompress(compressed, ctx)
+        assert back.dtype == tf.float32
+        np.testing.assert_array_equal(back.numpy(), x.numpy())
+    ints = tf.constant([1, 2], tf.int32)
+    assert Compression.fp16.compress(ints)[0].dtype == tf.int32
+
+
+def test_variable_names_drop_keras_counters(tf):
+    from ringtrain.tensorflow.functions import variable_name
+
+    class Fake:
+        path = "sequential_12/dense_24/kernel"
+    assert variable_name(Fake()) == "sequential/dense/kernel"
+
+
+def test_gpu_dlpack_path_needs_a_gpu(tf):
+    if not tf.config.list_physical_devices("GPU"):
+        pytest.skip("no GPU visible to TensorFlow: the DLPack-to-cupy path (arrays.to_array on a GPU tensor) "
+                    "is only exercised on a machine with one")
+    from ringtrain.tensorflow import arrays
+    with tf.device("/GPU:0"):
+        x = tf.range(8, dtype=tf.float32)
+    view = arrays.to_array(x)
+    assert type(view).__module__.startswith("cupy")
+    np.testing.assert_array_equal(arrays.to_tensor(view * 2).numpy(), np.arange(8) * 2)
