@@ -25,6 +25,7 @@ import warnings
 import torch
 
 from ringtrain.errors import RingtrainError, TensorMismatchError
+from ringtrain.model_check import describe_model_mismatch
 
 from . import consistency, functions
 from .compression import Compression
@@ -59,31 +60,10 @@ def _layout_buckets(params, first_bucket_bytes, bucket_bytes):
 
 def _describe_model_mismatch(per_rank):
     """per_rank[r] = [(name, shape, dtype, requires_grad), ...]; a message naming the first differences."""
-    by_rank = [{entry[0]: entry[1:] for entry in entries} for entries in per_rank]
-    all_names = sorted(set().union(*by_rank))
-    problems = []
-    for name in all_names:
-        missing = [r for r, params in enumerate(by_rank) if name not in params]
-        if missing:
-            present = [r for r in range(len(by_rank)) if r not in missing]
-            problems.append(f"parameter {name!r} exists on ranks {present} but not on ranks {missing}")
-            continue
-        seen = {}
-        for r, params in enumerate(by_rank):
-            seen.setdefault(params[name], []).append(r)
-        if len(seen) > 1:
-            sides = "; ".join(f"ranks {ranks} have shape {spec[0]} {spec[1]} requires_grad={spec[2]}"
-                              for spec, ranks in seen.items())
-            problems.append(f"parameter {name!r}: {sides}")
-    if not problems:
-        orders = {}
-        for r, entries in enumerate(per_rank):
-            orders.setdefault(tuple(e[0] for e in entries), []).append(r)
-        problems.append("the same parameters are passed to the optimizer in a different order on ranks "
-                        + " vs ".join(str(ranks) for ranks in orders.values()))
-    more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
-    return ("DistributedOptimizer: the model differs across ranks: " + "; ".join(problems[:5]) + more
-            + ". Every rank must build the same model and pass its parameters in the same order.")
+    return describe_model_mismatch(
+        per_rank, "DistributedOptimizer", "parameter",
+        lambda spec: f"shape {spec[0]} {spec[1]} requires_grad={spec[2]}",
+        "Every rank must build the same model and pass its parameters in the same order.")
 
 
 class _DistributedOptimizerMixin:
