@@ -15,9 +15,7 @@ batch: at a fixed lr that means less progress per epoch. `--lr-scaling` multipli
 Goyal et al. 2017), ramped up linearly over `--warmup-epochs`.
 """
 import argparse
-import gzip
 import os
-import struct
 import time
 
 import numpy as np
@@ -25,6 +23,7 @@ import torch
 
 import ringtrain
 import ringtrain.torch as hvd
+from data import load_digits_split, load_mnist
 
 
 def parse_args():
@@ -49,44 +48,6 @@ def parse_args():
 
 
 # ------------------------------------------------------------------------------------------------ data
-
-def load_digits_split(test_fraction, seed):
-    """sklearn's 1,797 8x8 digits, pixels scaled to [0, 1], split by a fixed permutation."""
-    from sklearn.datasets import load_digits
-    digits = load_digits()
-    x = (digits.data / 16.0).astype(np.float32)
-    y = digits.target.astype(np.int64)
-    order = np.random.default_rng(seed).permutation(len(y))
-    n_test = int(round(len(y) * test_fraction))
-    test, train = order[:n_test], order[n_test:]
-    return (x[train], y[train]), (x[test], y[test])
-
-
-def _open_idx(directory, stem):
-    for name in (stem, stem + ".gz"):
-        path = os.path.join(directory, name)
-        if os.path.exists(path):
-            return gzip.open(path, "rb") if name.endswith(".gz") else open(path, "rb")
-    raise FileNotFoundError(f"neither {stem} nor {stem}.gz in {directory}")
-
-
-def read_idx(directory, stem):
-    """One IDX file (http://yann.lecun.com/exdb/mnist/): big-endian magic (dtype code, ndim), dims, raw data."""
-    with _open_idx(directory, stem) as f:
-        zero, dtype_code, ndim = struct.unpack(">HBB", f.read(4))
-        if zero != 0 or dtype_code != 0x08:
-            raise ValueError(f"{stem}: not an unsigned-byte IDX file (magic {zero:#x} {dtype_code:#x})")
-        shape = struct.unpack(">" + "I" * ndim, f.read(4 * ndim))
-        return np.frombuffer(f.read(), dtype=np.uint8).reshape(shape)
-
-
-def load_mnist(directory):
-    def images(stem):
-        raw = read_idx(directory, stem)
-        return (raw.reshape(len(raw), -1) / 255.0).astype(np.float32)
-    return ((images("train-images-idx3-ubyte"), read_idx(directory, "train-labels-idx1-ubyte").astype(np.int64)),
-            (images("t10k-images-idx3-ubyte"), read_idx(directory, "t10k-labels-idx1-ubyte").astype(np.int64)))
-
 
 def shard_batches(n_rows, epoch, seed, batch_size):
     """This rank's batches for one epoch: one shuffle shared by all ranks, rows rank::size, cut to equal length so

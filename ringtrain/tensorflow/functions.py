@@ -29,50 +29,14 @@ import numpy as np
 import tensorflow as tf
 
 import ringtrain as _core
+# lifecycle, topology, control and object collectives need no tensors: the core's own functions, re-exported under
+# Horovod's names (broadcast_object / allgather_object use pickle: trusted peers only)
+from ringtrain import (allgather_object, barrier, broadcast_object, cross_rank, cross_size, init,  # noqa: F401
+                       is_initialized, join, local_rank, local_size, rank, shutdown, size)
 from ringtrain.ops import Average, Max, Min, Product, ReduceOp, Sum, as_op  # noqa: F401  (re-exported)
 
 from . import arrays
 from .compression import Compression
-
-# ---------------------------------------------------------------- lifecycle and topology (thin pass-through)
-
-
-def init(comm=None, **config_overrides):
-    """Start ringtrain (MPI, topology, engine). Keyword overrides are ringtrain.config.Config fields."""
-    return _core.init(comm, **config_overrides)
-
-
-def shutdown():
-    return _core.shutdown()
-
-
-def is_initialized():
-    return _core.is_initialized()
-
-
-def rank():
-    return _core.rank()
-
-
-def size():
-    return _core.size()
-
-
-def local_rank():
-    return _core.local_rank()
-
-
-def local_size():
-    return _core.local_size()
-
-
-def cross_rank():
-    return _core.cross_rank()
-
-
-def cross_size():
-    return _core.cross_size()
-
 
 # ---------------------------------------------------------------- names and host calls
 
@@ -123,8 +87,13 @@ def _rows_unknown(shape):
 
 
 def _as_numpy(array):
-    """Host callbacks get numpy arrays; make sure they are C-contiguous (the core requires it)."""
-    return np.ascontiguousarray(array) if isinstance(array, np.ndarray) else array
+    """Host callbacks get numpy arrays (tf.numpy_function passes 0-d tensors as numpy scalars); make sure they are
+    C-contiguous arrays, as the core requires. Not np.ascontiguousarray: it turns 0-d arrays into 1-d ones."""
+    if isinstance(array, np.generic):
+        return np.asarray(array)
+    if isinstance(array, np.ndarray) and not array.flags.c_contiguous:
+        return np.array(array, order="C")
+    return array
 
 
 def _output_like(array):
@@ -362,25 +331,3 @@ def reducescatter(tensor, op=Average, name=None):
             return gathered / tf.cast(size(), gathered.dtype) if op == Average else gathered
         return y, grad
     return scatter(tensor)
-
-
-# ---------------------------------------------------------------- control and objects (eager only)
-
-
-def barrier():
-    return _core.barrier()
-
-
-def join():
-    """This rank has no more data; returns the last rank to join. See ringtrain.join."""
-    return _core.join()
-
-
-def broadcast_object(obj, root_rank=0, name=None):
-    """root_rank's picklable object on every rank. Uses pickle: only for trusted peers (your own job's ranks)."""
-    return _core.broadcast_object(obj, root_rank=root_rank, name=name)
-
-
-def allgather_object(obj, name=None):
-    """List of every rank's picklable object, in rank order. Uses pickle: only for trusted peers."""
-    return _core.allgather_object(obj, name=name)

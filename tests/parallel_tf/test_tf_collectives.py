@@ -102,11 +102,21 @@ def test_grouped_allreduce_and_compression():
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode", MODES)
+def test_scalar_and_empty_tensors_keep_their_shape(mode):
+    n, r = hvd.size(), hvd.rank()
+    scalar = run(mode, lambda t: hvd.allreduce(t, op=hvd.Sum, name=f"scalar.{mode}"), tf.constant(float(r)))
+    assert scalar.shape == () and float(scalar) == n * (n - 1) / 2
+    empty = run(mode, lambda t: hvd.allreduce(t, name=f"empty.{mode}"), tf.zeros([0, 3]))
+    assert empty.shape == (0, 3)
+
+
+@pytest.mark.mpi(min_size=2)
 def test_indexed_slices_are_gathered():
     n, r = hvd.size(), hvd.rank()
     slices = tf.IndexedSlices(tf.fill([1, 2], float(r)), tf.constant([r]), dense_shape=tf.constant([n, 2]))
     got = hvd.allreduce(slices, op=hvd.Average, name="sparse")
-    np.testing.assert_array_equal(tf.convert_to_tensor(got).numpy(), [[k / n] * 2 for k in range(n)])
+    np.testing.assert_allclose(tf.convert_to_tensor(got).numpy(), [[k / n] * 2 for k in range(n)], rtol=1e-6)
 
 
 # ---------------------------------------------------------------- gradients
