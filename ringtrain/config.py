@@ -19,6 +19,8 @@ class Config:
     timeline_all_ranks: bool = False
     log_level: str = "WARNING"
     check_every: int = 0               # parameter consistency check period (steps), 0 = off
+    hierarchical: str = "auto"         # auto | 1 | 0: intra-node reduce-scatter, inter-node ring, intra allgather
+    simulate_nodes: int = 0            # split one machine's ranks into this many pretend nodes (tests, benchmarks)
 
     @classmethod
     def from_env(cls, **overrides):

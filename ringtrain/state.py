@@ -27,7 +27,7 @@ def init(comm=None, **config_overrides):
                                  "engine thread needs at least SERIALIZED (mpi4py's default is MULTIPLE)")
         from .engine import Engine
         from .topology import Topology
-        topology = Topology(comm if comm is not None else MPI.COMM_WORLD)
+        topology = Topology(comm if comm is not None else MPI.COMM_WORLD, config.simulate_nodes)
         gpu_id = _bind_gpu(topology.local_rank)
         engine = Engine(topology, config)
         _state = (topology, engine, config, gpu_id)

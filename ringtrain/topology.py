@@ -1,27 +1,65 @@
-"""World, node-local and cross-node communicators, and the pids of this node's ranks (for the watchdog)."""
+"""World, node-local and cross-node communicators, the layout of the nodes, and the pids of this node's ranks
+(for the watchdog).
+
+A node is the ranks that share memory (`COMM_TYPE_SHARED`). `simulate_nodes=k` (RINGTRAIN_SIMULATE_NODES) splits
+the world's ranks into k pretend nodes -- contiguous blocks of ranks, as even as possible, so 3 ranks become 2+1 --
+and everything that asks "which ranks share a node" (transport choice, the shared-memory window, GPU IPC, the
+watchdog) sees the pretend nodes. That is how tests and benchmarks exercise the inter-node path on one machine:
+traffic between pretend nodes can only take the inter-node transport (MPI).
+"""
 import os
 import socket
 
 from mpi4py import MPI
 
 
+def pretend_node(rank, size, nodes):
+    """Which of `nodes` contiguous, as-even-as-possible blocks of range(size) holds `rank` (first blocks larger,
+    like base.even_counts: 3 ranks in 2 nodes -> [0, 0, 1])."""
+    base, extra = divmod(size, nodes)
+    big = extra * (base + 1)               # ranks held by the first `extra` blocks, one rank larger each
+    return rank // (base + 1) if rank < big else extra + (rank - big) // base
+
+
 class Topology:
-    def __init__(self, comm):
+    def __init__(self, comm, simulate_nodes=0):
         self.world = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
+        simulate_nodes = int(simulate_nodes or 0)
+        if simulate_nodes < 0 or simulate_nodes > self.size:
+            raise ValueError(f"RINGTRAIN_SIMULATE_NODES={simulate_nodes} must be between 1 and the number of "
+                             f"ranks ({self.size}), or 0 for the real nodes")
+        self.simulated_nodes = simulate_nodes
         # ranks sharing memory with us (one node); key=rank keeps local ranks in world order
-        self.local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        physical = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        if simulate_nodes:
+            self.local = physical.Split(color=pretend_node(self.rank, self.size, simulate_nodes), key=self.rank)
+            physical.Free()
+        else:
+            self.local = physical
         self.local_rank = self.local.Get_rank()
         self.local_size = self.local.Get_size()
         # one communicator per local rank index, spanning the nodes
         self.cross = comm.Split(color=self.local_rank, key=self.rank)
         self.cross_rank = self.cross.Get_rank()
         self.cross_size = self.cross.Get_size()
-        self.host = socket.gethostname()
+        # every node's world ranks, nodes ordered by their lowest rank; the same list on every rank
+        local_ranks = self.local.allgather(self.rank)
+        leaders = comm.allgather(min(local_ranks))
+        self.nodes = [[r for r in range(self.size) if leaders[r] == lead] for lead in sorted(set(leaders))]
+        self.node_index = sorted(set(leaders)).index(leaders[self.rank])
+        self.num_nodes = len(self.nodes)
+        self.single_node = self.num_nodes == 1
+        hostname = socket.gethostname()
+        self.host = f"{hostname}/node{self.node_index}" if simulate_nodes else hostname
         local_ids = self.local.allgather((self.rank, os.getpid()))
         self.local_peers = {r: pid for r, pid in local_ids if r != self.rank}
-        self.single_node = self.local_size == self.size
+
+    @property
+    def nodes_are_contiguous(self):
+        """Every node holds a contiguous range of world ranks, in node order (block placement, pretend nodes)."""
+        return [r for node in self.nodes for r in node] == list(range(self.size))
 
     def free(self):
         for c in (self.local, self.cross):

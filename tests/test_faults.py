@@ -23,6 +23,12 @@ MUST_END_S = 30.0
 HARD_KILL_S = 60.0   # our own safety net: past this the whole process group is killed and the test fails
 
 pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found")
+# the cheapest cases run again on 3 ranks as two pretend nodes (2+1): hierarchical allreduce, mpi across the split
+SPLIT = {"RINGTRAIN_SIMULATE_NODES": "2"}
+
+
+def _nodes_id(value):
+    return ("two-nodes" if value else "one-node") if isinstance(value, dict) else None
 
 
 def _env(**extra):
@@ -91,9 +97,10 @@ def _assert_no_leftovers(pids):
 
 # ---- errors that leave the job usable ----
 
-@pytest.mark.parametrize("case,n", [("shape", 3), ("dtype", 3), ("op", 3), ("root", 3), ("kind", 3), ("shape", 2)])
-def test_divergent_tensor_is_named_on_every_rank_and_job_stays_usable(case, n):
-    job = run_job("mismatch.py", n, case)
+@pytest.mark.parametrize("case,n,env", [("shape", 3, {}), ("dtype", 3, {}), ("op", 3, {}), ("root", 3, {}),
+                                        ("kind", 3, {}), ("shape", 2, {}), ("shape", 3, SPLIT)], ids=_nodes_id)
+def test_divergent_tensor_is_named_on_every_rank_and_job_stays_usable(case, n, env):
+    job = run_job("mismatch.py", n, case, **env)
     assert job.returncode == 0, job
     assert job.seconds < MUST_END_S, job
     odd = n - 1
@@ -136,9 +143,9 @@ def test_bad_input_is_a_clear_error_and_job_stays_usable():
 
 # ---- errors that end the job ----
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_skipped_step_warns_then_stall_error_on_every_rank(n):
-    job = run_job("skip_step.py", n)
+@pytest.mark.parametrize("n,env", [(2, {}), (3, {}), (3, SPLIT)], ids=_nodes_id)
+def test_skipped_step_warns_then_stall_error_on_every_rank(n, env):
+    job = run_job("skip_step.py", n, **env)
     assert job.returncode != 0, job
     assert job.seconds < MUST_END_S, job
     skipper = n - 1
@@ -161,13 +168,13 @@ def test_exception_in_training_loop_ends_job_and_names_rank():
     _assert_no_leftovers(job.pids())
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_sigkill_mid_allreduce_ends_everything(n):
+@pytest.mark.parametrize("n,env", [(2, {}), (3, {}), (3, SPLIT)], ids=_nodes_id)
+def test_sigkill_mid_allreduce_ends_everything(n, env):
     """Hydra (MPICH's mpiexec) SIGKILLs the survivors itself within about a second of one rank dying, usually
     before ringtrain's watchdog (RINGTRAIN_PEER_CHECK_S) can print its own "rank r (pid p) has died" line;
     this happens even with -disable-auto-cleanup. So the culprit is named either by ringtrain's line or by
     hydra's BAD TERMINATION report, which names a PID of the job (the first one hydra reaped)."""
-    job = run_job("sigkill.py", n)
+    job = run_job("sigkill.py", n, **env)
     assert job.returncode != 0, job
     assert job.seconds < MUST_END_S, job
     pids = dict(re.findall(r"^rank (\d+): PID (\d+)$", job.output, re.M))

@@ -6,6 +6,9 @@ instead of leaving the other ranks waiting in their next collective until the pe
 the job's process group is killed and this test fails with the tail of the ranks' output.
 
 Single parallel file, by hand:  mpiexec -n 3 python -m pytest --with-mpi tests/parallel/test_collectives.py
+
+Two more jobs run a focused set of files with RINGTRAIN_SIMULATE_NODES=2 (4 ranks as 2+2, 3 ranks as 2+1), so the
+public API is checked on pretend nodes: hierarchical allreduce, and the flat ring across the split.
 """
 import os
 import signal
@@ -39,7 +42,7 @@ def job_command(num_ranks, mpiexec, flavor, directory=PARALLEL_DIR):
     if flavor == "hydra":
         cmd.append("-prepend-rank")          # "[r] ..." on every line: whose output is whose
     return cmd + [sys.executable, "-m", "mpi4py", "-m", "pytest", "--with-mpi", "-x", "-q", "-p", "no:cacheprovider",
-                  f"--timeout={PER_TEST_TIMEOUT_S}", directory]
+                  f"--timeout={PER_TEST_TIMEOUT_S}", *([directory] if isinstance(directory, str) else directory)]
 
 
 def job_environment():
@@ -62,6 +65,16 @@ def tail(path):
 @pytest.mark.parametrize("num_ranks", [2, 3, 4])
 def test_parallel_suite(num_ranks):
     run_job(num_ranks, PARALLEL_DIR, JOB_TIMEOUT_S)
+
+
+SIMULATED_NODES_FILES = ["test_simulated_nodes.py", "test_collectives.py"]
+
+
+@pytest.mark.timeout(JOB_TIMEOUT_S + 60)
+@pytest.mark.parametrize("num_ranks", [4, 3])
+def test_parallel_suite_on_two_simulated_nodes(num_ranks):
+    run_job(num_ranks, [os.path.join(PARALLEL_DIR, name) for name in SIMULATED_NODES_FILES], JOB_TIMEOUT_S,
+            extra_env={"RINGTRAIN_SIMULATE_NODES": "2"})
 
 
 def run_job(num_ranks, directory, timeout_s, extra_env=None):

@@ -1,0 +1,95 @@
+"""Hierarchical allreduce for ranks on several nodes: reduce-scatter inside each node, a ring across the nodes,
+allgather inside each node. A flat ring over N = n nodes x g ranks puts the whole buffer on every link, the
+network links included; here only 1/g of it leaves each rank, and the intra-node steps run on shared memory.
+
+    t = HierarchicalTransport(topology, Config(), Watchdog())       # intra "shm", inter "mpi"
+    bucket = t.staging_buffer(nbytes).view(np.float32)               # this rank's region of the node's window
+    bucket[:] = gradients
+    t.allreduce(bucket, ReduceOp.SUM)
+    t.close()
+
+Blocks. The buffer is cut into B = (ranks on the largest node) blocks. On a node of g ranks, local rank j owns the
+contiguous blocks [j*B//g, (j+1)*B//g), so every local rank owns at least one block and, on even layouts (g == B
+on every node), local rank j owns exactly block j. Block b is reduced across the nodes by the ranks that own it,
+one per node, on their own communicator: with even nodes that is the usual "ring among equal local ranks".
+Uneven nodes work the same way: with 3 ranks as 2+1, rank 2 (alone on its node) owns both blocks and takes part
+in both cross-node rings, one after the other (ranks 0 and 1 each in one); it is the bottleneck, as the node
+holding all of its node's data must be.
+
+allreduce of a buffer:
+  1. intra.reducescatter(buf, counts of each local rank's blocks)   -- shm: read peers' memory, no copies
+  2. for each owned block b: cross[b].allreduce(block b)            -- mpi ring, the only inter-node traffic
+  3. intra.allgather(buf, same counts)
+
+reducescatter, allgather, broadcast and alltoall go to a flat `inter` transport over the whole world. For them
+the hierarchy does not reduce what crosses the network (a flat ring's node-boundary link already carries each
+byte once per direction, which is what a leader-based scheme carries too), so the simpler path is kept.
+AVERAGE arrives as SUM (transports/base.py); the engine scales.
+"""
+from mpi4py import MPI
+
+from .base import Transport, even_counts, offsets
+from . import transport_class
+
+
+def block_owners(node_size, num_blocks):
+    """[(first block, end block)] owned by each local rank of a node with node_size ranks."""
+    return [(j * num_blocks // node_size, (j + 1) * num_blocks // node_size) for j in range(node_size)]
+
+
+class HierarchicalTransport(Transport):
+    """Composes an intra-node transport (on topology.local) with inter-node rings among the owners of each block.
+    Creation is collective over topology.world."""
+
+    device = "cpu"
+
+    def __init__(self, topology, config, watchdog, intra="shm", inter="mpi"):
+        super().__init__(topology.world, config, watchdog)     # self.comm is not ours: close() leaves it
+        self.name = f"hierarchical({intra}+{inter})"
+        self.num_blocks = max(len(node) for node in topology.nodes)
+        self._owned = block_owners(topology.local_size, self.num_blocks)
+        first, end = self._owned[topology.local_rank]
+        self._transports = []
+        self.intra = transport_class(intra)(topology.local.Dup(), config, watchdog)
+        self._transports.append(self.intra)
+        # one communicator per block, over the ranks that own it (one per node); Split is collective on world
+        self.cross = []
+        for block in range(self.num_blocks):
+            comm = topology.world.Split(color=0 if first <= block < end else MPI.UNDEFINED, key=self.rank)
+            if comm != MPI.COMM_NULL:
+                self.cross.append((block, transport_class(inter)(comm, config, watchdog)))
+                self._transports.append(self.cross[-1][1])
+        self.flat = transport_class(inter)(topology.world.Dup(), config, watchdog)
+        self._transports.append(self.flat)
+
+    def staging_buffer(self, nbytes):
+        """The intra transport's buffer (shm: our region of the node window, so packing is the copy-in)."""
+        return self.intra.staging_buffer(nbytes)
+
+    def allreduce(self, buf, op):
+        if self.size == 1 or buf.size == 0:
+            return
+        blocks = even_counts(buf.size, self.num_blocks)
+        starts = offsets(blocks)
+        intra_counts = [sum(blocks[first:end]) for first, end in self._owned]
+        self.intra.reducescatter(buf, intra_counts, op)
+        for block, transport in self.cross:
+            transport.allreduce(buf[starts[block]: starts[block] + blocks[block]], op)
+        self.intra.allgather(buf, intra_counts)
+
+    def reducescatter(self, buf, counts, op):
+        self.flat.reducescatter(buf, counts, op)
+
+    def allgather(self, buf, counts):
+        self.flat.allgather(buf, counts)
+
+    def broadcast(self, buf, root):
+        self.flat.broadcast(buf, root)
+
+    def alltoall(self, send, send_counts, recv, recv_counts):
+        self.flat.alltoall(send, send_counts, recv, recv_counts)
+
+    def close(self):
+        transports, self._transports = self._transports, []
+        for transport in transports:
+            transport.close()

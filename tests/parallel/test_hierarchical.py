@@ -1,0 +1,162 @@
+"""The hierarchical transport on pretend nodes, against the flat mpi ring and a numpy reference.
+
+Run: mpiexec -n {2,3,4} python -m pytest --with-mpi tests/parallel/test_hierarchical.py
+
+The topology is built here with simulate_nodes, so this runs in the ordinary parallel jobs: 2 ranks as 1+1, 3 as
+2+1 (uneven), 4 as 2+2 and 2+1+1. Inputs are small integers (exact in every dtype), compared bit for bit.
+Tiny configs (128-byte ring segments, 50-element MPI messages, a 256-byte shared region) force pipelining,
+message splitting and chunking on small buffers.
+"""
+import numpy as np
+import pytest
+
+from ringtrain.config import Config
+from ringtrain.ops import DTYPES, ReduceOp
+from ringtrain.topology import Topology
+from ringtrain.transports import choice
+from ringtrain.transports.base import offsets
+from ringtrain.transports.hierarchical import HierarchicalTransport
+from ringtrain.transports.mpi import MPITransport
+from ringtrain.watchdog import Watchdog
+from test_transports import SMALL_SIZES, Mismatches, op_dtype_pairs, rank_inputs, reference, uneven_counts
+
+MPI = pytest.importorskip("mpi4py.MPI")
+TINY = dict(segment_bytes=128, max_message_elements=50, fusion_threshold=256)
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=lambda k: f"{k}nodes")
+def layout(request):
+    """(topology, hierarchical transport, flat mpi transport) on `param` pretend nodes."""
+    if request.param > MPI.COMM_WORLD.size:
+        pytest.skip(f"{request.param} pretend nodes need at least {request.param} ranks")
+    topology = Topology(MPI.COMM_WORLD, simulate_nodes=request.param)
+    hierarchical = HierarchicalTransport(topology, Config(**TINY), Watchdog())
+    hierarchical.intra.cache_piece_bytes = 96
+    flat = MPITransport(MPI.COMM_WORLD.Dup(), Config(**TINY), Watchdog())
+    yield topology, hierarchical, flat
+    hierarchical.close()
+    flat.close()
+    topology.free()
+
+
+def test_pretend_nodes_are_contiguous_blocks(layout):
+    topology, _, _ = layout
+    n, k = topology.size, topology.simulated_nodes
+    sizes = [n // k + (1 if i < n % k else 0) for i in range(k)]
+    want = [list(range(sum(sizes[:i]), sum(sizes[:i + 1]))) for i in range(k)]
+    assert topology.nodes == want
+    mine = want[topology.node_index]
+    assert topology.local_rank == mine.index(topology.rank) and topology.local_size == len(mine)
+    assert topology.single_node is False and topology.num_nodes == k
+    assert sorted(topology.local.allgather(topology.rank)) == mine
+    assert topology.cross.allgather(topology.rank) == [node[topology.local_rank] for node in want
+                                                      if len(node) > topology.local_rank]
+    assert set(topology.local_peers) == set(mine) - {topology.rank}
+
+
+def test_no_shared_window_spans_the_split(layout):
+    topology, hierarchical, _ = layout
+    mine = topology.nodes[topology.node_index]
+    world_group = MPI.COMM_WORLD.Get_group()
+    for shm in [hierarchical.intra]:
+        group = shm._win.Get_group()
+        in_window = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), world_group)
+        group.Free()
+        assert sorted(in_window) == mine, f"rank {topology.rank}: shm window over {in_window}, node is {mine}"
+    for block, transport in hierarchical.cross:
+        assert transport.name == "mpi"
+        members = transport.comm.allgather(topology.node_index)
+        assert sorted(members) == list(range(topology.num_nodes)), f"block {block}: nodes {members}"
+    world_group.Free()
+
+
+def test_allreduce_hierarchical_equals_flat_equals_numpy(layout):
+    _, hierarchical, flat = layout
+    comm = MPI.COMM_WORLD
+    wrong = Mismatches()
+    for op, dtype_name in op_dtype_pairs():
+        for size in SMALL_SIZES + [1000]:         # 1000: larger than the 256-byte shared region (chunks)
+            inputs = rank_inputs(size, dtype_name, op, 11, comm.size)
+            want = reference(inputs, op)
+            got_hier, got_flat = inputs[comm.rank].copy(), inputs[comm.rank].copy()
+            hierarchical.allreduce(got_hier, op)
+            flat.allreduce(got_flat, op)
+            what = f"{op.name} {dtype_name} n={size}"
+            wrong.check(got_hier, want, f"hierarchical allreduce {what}")
+            wrong.check(got_flat, want, f"flat allreduce {what}")
+            wrong.check(got_hier, got_flat.astype(np.float64), f"hierarchical vs flat {what}")
+    wrong.assert_none()
+
+
+def test_allreduce_in_the_staging_region():
+    """The engine packs into staging_buffer() (the shm region): reduce-scatter, the cross ring and the allgather
+    then all work in place in the shared window, at rank-dependent offsets."""
+    comm = MPI.COMM_WORLD
+    topology = Topology(comm, simulate_nodes=2)
+    t = HierarchicalTransport(topology, Config(segment_bytes=4096, fusion_threshold=1 << 20), Watchdog())
+    wrong = Mismatches()
+    try:
+        for op, dtype_name, size in [(ReduceOp.SUM, "float32", 100003), (ReduceOp.PRODUCT, "int8", 1001),
+                                     (ReduceOp.MAX, "bfloat16", 5)]:
+            dtype = DTYPES[dtype_name]
+            shift = 8 * comm.rank
+            buf = t.staging_buffer(shift + size * dtype.itemsize)[shift:].view(dtype)
+            inputs = rank_inputs(size, dtype_name, op, 12, comm.size)
+            buf[...] = inputs[comm.rank]
+            t.allreduce(buf, op)
+            wrong.check(buf, reference(inputs, op), f"staged hierarchical allreduce {op.name} {dtype_name}")
+        wrong.assert_none()
+    finally:
+        t.close()
+        topology.free()
+
+
+def test_reducescatter_allgather_broadcast_alltoall(layout):
+    _, hierarchical, _ = layout
+    comm = MPI.COMM_WORLD
+    n, me = comm.size, comm.rank
+    wrong = Mismatches()
+    for op, dtype_name in op_dtype_pairs():
+        size = 211
+        counts = uneven_counts(size, n)
+        start, count = offsets(counts)[me], counts[me]
+        inputs = rank_inputs(size, dtype_name, op, 13, n)
+        want = reference(inputs, op)
+        buf = inputs[me].copy()
+        hierarchical.reducescatter(buf, counts, op)
+        wrong.check(buf[start: start + count], want[start: start + count], f"reducescatter {op.name} {dtype_name}")
+        hierarchical.allgather(buf, counts)
+        wrong.check(buf, want, f"allgather of reduced blocks {op.name} {dtype_name}")
+    for root in range(n):
+        inputs = rank_inputs(37, "float64", ReduceOp.SUM, 14 + root, n)
+        buf = inputs[me].copy()
+        hierarchical.broadcast(buf, root)
+        wrong.check(buf, inputs[root], f"broadcast from {root}")
+    count = lambda src, dst: (3 * src + 7 * dst) % 5 * 3
+    block = lambda src, dst: np.arange(count(src, dst), dtype=np.int32) + 100 * src + dst
+    recv = np.zeros(sum(count(s, me) for s in range(n)), np.int32)
+    hierarchical.alltoall(np.concatenate([block(me, d) for d in range(n)]), [count(me, d) for d in range(n)],
+                          recv, [count(s, me) for s in range(n)])
+    wrong.check(recv, np.concatenate([block(s, me) for s in range(n)]).astype(np.float64), "alltoall")
+    wrong.assert_none()
+
+
+def test_choice_under_the_split_never_gives_shm_a_second_node():
+    comm = MPI.COMM_WORLD
+    topology = Topology(comm, simulate_nodes=2)
+    try:
+        t = choice.host_transport(topology, Config(transport="shm"), Watchdog())
+        try:
+            assert isinstance(t, HierarchicalTransport) and t.name == "hierarchical(shm+mpi)"
+            assert t.intra.size == topology.local_size
+        finally:
+            t.close()
+        flat = choice.host_transport(topology, Config(hierarchical="0"), Watchdog())
+        try:
+            assert flat.name == "mpi"
+        finally:
+            flat.close()
+    finally:
+        topology.free()

@@ -1,0 +1,69 @@
+"""Under RINGTRAIN_SIMULATE_NODES (tests/test_parallel.py runs this file and test_collectives.py with it set, at
+4 ranks as 2+2 and 3 ranks as 2+1): the public topology queries and the engine's host transport follow the
+pretend nodes, and no shared-memory window spans two of them.
+
+Run: mpiexec -n 3 env RINGTRAIN_SIMULATE_NODES=2 python -m pytest --with-mpi tests/parallel/test_simulated_nodes.py
+"""
+import os
+
+import numpy as np
+import pytest
+
+import ringtrain as rt
+from ringtrain import state
+from ringtrain.topology import pretend_node
+
+MPI = pytest.importorskip("mpi4py.MPI")
+NODES = int(os.environ.get("RINGTRAIN_SIMULATE_NODES") or 0)
+
+pytestmark = [pytest.mark.mpi(min_size=2),
+              pytest.mark.skipif(NODES < 2, reason="needs RINGTRAIN_SIMULATE_NODES >= 2 (tests/test_parallel.py)")]
+
+
+def pretend_layout():
+    n = rt.size()
+    return [[r for r in range(n) if pretend_node(r, n, NODES) == i] for i in range(NODES)]
+
+
+def window_ranks(shm):
+    """World ranks of the processes mapped into a shm transport's window."""
+    group, world = shm._win.Get_group(), MPI.COMM_WORLD.Get_group()
+    try:
+        return sorted(MPI.Group.Translate_ranks(group, list(range(group.Get_size())), world))
+    finally:
+        group.Free()
+        world.Free()
+
+
+def test_topology_queries_follow_the_pretend_nodes():
+    nodes = pretend_layout()
+    mine = next(node for node in nodes if rt.rank() in node)
+    assert rt.local_size() == len(mine)
+    assert rt.local_rank() == mine.index(rt.rank())
+    assert rt.cross_size() == sum(1 for node in nodes if len(node) > rt.local_rank())
+    assert rt.cross_rank() == [node[0] for node in nodes].index(mine[0])
+
+
+def test_engine_runs_the_hierarchy_and_no_window_spans_the_split():
+    transport = state.engine().transports["cpu"]
+    assert rt.transport_name() == "hierarchical(shm+mpi)"
+    mine = next(node for node in pretend_layout() if rt.rank() in node)
+    assert window_ranks(transport.intra) == mine
+    for _, cross in transport.cross:
+        assert cross.name == "mpi" and cross.comm.Get_size() == NODES
+    # a 4 MB bucket through the API, packed into the window, against numpy
+    x = np.arange(1 << 20, dtype=np.float32) % 97 + rt.rank()
+    want = sum(np.arange(1 << 20, dtype=np.float32) % 97 + r for r in range(rt.size())) / rt.size()
+    np.testing.assert_array_equal(rt.allreduce(x, op=rt.Average, name="sim.big"), want)
+
+
+def test_forced_flat_ring_takes_mpi_across_the_split():
+    rt.shutdown()
+    try:
+        rt.init(hierarchical="0")
+        assert rt.transport_name() == "mpi"
+        got = rt.allreduce(np.full(1001, rt.rank() + 1, np.int64), op=rt.Sum, name="sim.flat")
+        np.testing.assert_array_equal(got, np.full(1001, rt.size() * (rt.size() + 1) // 2))
+    finally:
+        rt.shutdown()
+        rt.init()
