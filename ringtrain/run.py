@@ -2,6 +2,7 @@
 
     ringtrain-run -np 4 python train.py --epochs 3
     ringtrain-run -np 8 --hostfile hosts -x NCCL_DEBUG=INFO python train.py
+    ringtrain-run python train.py          # in an sbatch script or salloc shell: one rank per Slurm task
 
 `mpirun -np 4 python train.py` works just as well; the launcher adds what plain mpiexec does not do:
 - it uses the mpiexec installed beside this Python (pip's MPICH, the one mpi4py was paired with) before any on PATH;
@@ -9,13 +10,17 @@
 - each rank runs under a small wrapper, so a failing rank is named ("rank 1 exited with code 3") and the rest of the
   job is stopped after a grace period, even where MPI would wait forever for the dead rank;
 - Ctrl-C / SIGTERM reach every rank, and whatever is still running after the grace period is killed;
-- it exits non-zero when any rank failed.
+- it exits non-zero when any rank failed;
+- inside a Slurm allocation it starts hydra's proxies with srun (`-launcher slurm -rmk slurm`), takes -np from
+  SLURM_NTASKS and threads from SLURM_CPUS_PER_TASK, and refuses to run as one of several srun tasks (which would
+  start one whole job per task).
 
 This file must keep to the standard library: it also runs as a plain script (`python -I run.py --rank-wrapper ...`)
 inside every rank's wrapper, where importing the ringtrain package (and with it mpi4py's MPI_Init) would take the
 rank's MPI connection away from the real program.
 """
 import argparse
+import collections
 import math
 import os
 import re
@@ -215,9 +220,46 @@ def abort_on_exception(command):
     return list(command)
 
 
+# How to launch inside a Slurm allocation (see slurm_plan); threads_per_rank is None when Slurm does not say.
+SlurmPlan = collections.namedtuple("SlurmPlan", "num_ranks mpiexec_args num_hosts threads_per_rank")
+
+
+def _slurm_int(environ, *names):
+    for name in names:
+        value = environ.get(name, "").split("(")[0].strip()      # SLURM_TASKS_PER_NODE style "4(x2)" -> 4
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def slurm_plan(environ, flavor, num_ranks=None, hostfile=None):
+    """Pure: None outside a Slurm allocation (no SLURM_JOB_ID), else a SlurmPlan from the allocation's variables.
+
+    Inside an sbatch script or salloc shell, hydra's slurm launcher starts one proxy per node with srun and reads the
+    nodes and tasks per node from SLURM_JOB_NODELIST / SLURM_TASKS_PER_NODE; Open MPI's mpirun reads the allocation
+    itself. An explicit --hostfile wins over the allocation. Under `srun -n N ringtrain-run ...` there would be N
+    launchers each starting a whole job: refused with the command that works."""
+    if not environ.get("SLURM_JOB_ID"):
+        return None
+    step_tasks = _slurm_int(environ, "SLURM_STEP_NUM_TASKS")
+    if (environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID")) is not None and (step_tasks or 1) > 1:
+        raise SystemExit(f"{PROG}: this is task {environ.get('SLURM_PROCID', '?')} of an srun step of {step_tasks} "
+                         f"tasks, so {step_tasks} launchers would each start a whole job. Run {PROG} once per "
+                         f"allocation -- in the sbatch script or the salloc shell: `{PROG} python train.py` "
+                         f"(one rank per Slurm task) -- not under srun")
+    if num_ranks is None:
+        num_ranks = _slurm_int(environ, "SLURM_NTASKS", "SLURM_NPROCS")
+        if num_ranks is None:
+            raise SystemExit(f"{PROG}: -np is required: the Slurm allocation does not say how many tasks it holds "
+                             f"(SLURM_NTASKS is unset; allocate with --ntasks or pass -np)")
+    args = ["-launcher", "slurm", "-rmk", "slurm"] if flavor == "hydra" and not hostfile else []
+    return SlurmPlan(num_ranks, args, _slurm_int(environ, "SLURM_JOB_NUM_NODES", "SLURM_NNODES") or 1,
+                     _slurm_int(environ, "SLURM_CPUS_PER_TASK"))
+
+
 def build_command(mpiexec, flavor, num_ranks, command, hostfile=None, exports=None, wrap_ranks=True,
-                  abort_on_error=True):
-    cmd = [mpiexec, "-n", str(num_ranks)]
+                  abort_on_error=True, launcher_args=()):
+    cmd = [mpiexec, "-n", str(num_ranks), *launcher_args]
     if hostfile:
         cmd += ["--hostfile" if flavor == "openmpi" else "-f", hostfile]
     for name, value in (exports or {}).items():
@@ -388,7 +430,8 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(
         prog=PROG, description="Run a command on N ranks with mpiexec; name failed ranks; forward Ctrl-C/SIGTERM.",
         usage=f"{PROG} -np N [--hostfile FILE] [-x VAR[=value]] ... command [args ...]")
-    parser.add_argument("-np", "-n", dest="num_ranks", type=int, required=True, help="number of ranks")
+    parser.add_argument("-np", "-n", dest="num_ranks", type=int,
+                        help="number of ranks (inside a Slurm allocation: SLURM_NTASKS by default)")
     parser.add_argument("--hostfile", "-f", dest="hostfile", help="hostfile for mpiexec (one host per line)")
     parser.add_argument("-x", dest="exports", action="append", default=[], metavar="VAR[=value]",
                         help="pass an environment variable to every rank (repeatable)")
@@ -403,7 +446,7 @@ def parse_args(argv):
                              "the job when a rank raises (without it, such a job can hang in MPI_Finalize)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the program each rank runs")
     args = parser.parse_args(argv)
-    if args.num_ranks < 1:
+    if args.num_ranks is not None and args.num_ranks < 1:
         parser.error(f"-np must be at least 1, got {args.num_ranks}")
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
@@ -420,12 +463,17 @@ def launch(argv):
     flavor = mpi_flavor(mpiexec)
     env = dict(os.environ)
     exports = parse_exports(args.exports, env)
+    slurm = slurm_plan(env, flavor, args.num_ranks, args.hostfile)
+    num_ranks = slurm.num_ranks if slurm else args.num_ranks
+    if num_ranks is None:
+        raise SystemExit(f"{PROG}: -np N is required (outside a Slurm allocation nothing else says how many ranks)")
     if "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in exports:
-        num_hosts = count_hosts(args.hostfile) if args.hostfile else 1
-        exports["OMP_NUM_THREADS"] = str(threads_per_rank(args.num_ranks, num_hosts))
+        num_hosts = count_hosts(args.hostfile) if args.hostfile else slurm.num_hosts if slurm else 1
+        threads = slurm and slurm.threads_per_rank
+        exports["OMP_NUM_THREADS"] = str(threads or threads_per_rank(num_ranks, num_hosts))
     env.update(exports)
-    cmd = build_command(mpiexec, flavor, args.num_ranks, args.command, args.hostfile, exports, args.wrap_ranks,
-                        args.abort_on_error)
+    cmd = build_command(mpiexec, flavor, num_ranks, args.command, args.hostfile, exports, args.wrap_ranks,
+                        args.abort_on_error, slurm.mpiexec_args if slurm else ())
     try:
         job = Job(cmd, env, args.grace)
     except OSError as exc:
