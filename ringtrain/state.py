@@ -27,7 +27,10 @@ def init(comm=None, **config_overrides):
                                  "engine thread needs at least SERIALIZED (mpi4py's default is MULTIPLE)")
         from .engine import Engine
         from .topology import Topology
-        topology = Topology(comm if comm is not None else MPI.COMM_WORLD, config.simulate_nodes)
+        if comm is None:
+            from .launchers.join import launched_world
+            comm = launched_world(MPI.COMM_WORLD, config)     # MPI's world, a joined one, or a LaunchError
+        topology = Topology(comm, config.simulate_nodes)
         gpu_id = _bind_gpu(topology.local_rank)
         engine = Engine(topology, config)
         _state = (topology, engine, config, gpu_id)

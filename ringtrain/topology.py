@@ -1,7 +1,7 @@
 """World, node-local and cross-node communicators, the layout of the nodes, and the pids of this node's ranks
 (for the watchdog).
 
-A node is the ranks that share memory (`COMM_TYPE_SHARED`). `simulate_nodes=k` (RINGTRAIN_SIMULATE_NODES) splits
+A node is the ranks that share memory (`COMM_TYPE_SHARED`, where a shared window really works). `simulate_nodes=k` (RINGTRAIN_SIMULATE_NODES) splits
 the world's ranks into k pretend nodes -- contiguous blocks of ranks, as even as possible, so 3 ranks become 2+1 --
 and everything that asks "which ranks share a node" (transport choice, the shared-memory window, GPU IPC, the
 watchdog) sees the pretend nodes. That is how tests and benchmarks exercise the inter-node path on one machine:
@@ -21,6 +21,25 @@ def pretend_node(rank, size, nodes):
     return rank // (base + 1) if rank < big else extra + (rank - big) // base
 
 
+def _shared_memory_node(comm, rank):
+    """The ranks that can map one shared window with us. COMM_TYPE_SHARED alone is not proof: processes joined by
+    Connect/Accept (launchers/join.py) are put on one node by Split_type, yet MPICH then refuses
+    Win_allocate_shared ("processes are not in the same shared memory domain"). So a one-byte window is tried, and
+    where any rank of the node fails, every rank becomes a node of its own (the MPI transport then joins them)."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    if node.Get_size() == 1:
+        return node
+    try:
+        MPI.Win.Allocate_shared(1, 1, comm=node).Free()
+        works = True
+    except MPI.Exception:
+        works = False
+    if node.allreduce(works, op=MPI.LAND):
+        return node
+    node.Free()
+    return comm.Split(color=rank, key=rank)
+
+
 class Topology:
     def __init__(self, comm, simulate_nodes=0):
         self.world = comm
@@ -32,7 +51,7 @@ class Topology:
                              f"ranks ({self.size}), or 0 for the real nodes")
         self.simulated_nodes = simulate_nodes
         # ranks sharing memory with us (one node); key=rank keeps local ranks in world order
-        physical = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        physical = _shared_memory_node(comm, self.rank)
         if simulate_nodes:
             self.local = physical.Split(color=pretend_node(self.rank, self.size, simulate_nodes), key=self.rank)
             physical.Free()
