@@ -3,37 +3,18 @@
 Bad input raises here, synchronously and on the rank that made the mistake, before anything reaches the other ranks,
 so the job stays usable. Disagreements between ranks are found by the engine and come out of handle.wait().
 """
-import collections
 import pickle
-import threading
 
 import numpy as np
 
 from . import state
-from .request import Request
 from .errors import RingtrainError
-from .handle import GroupHandle, Handle
+from .fusion import ops_for
+from .handle import Handle
+from .names import auto_name as _auto_name
 from .negotiation import Meta
 from .ops import Average, as_op, check_op_dtype, dtype_name
-
-_counters = collections.Counter()
-_counter_lock = threading.Lock()
-
-
-def _auto_name(kind, name):
-    """Deterministic across ranks as long as every rank makes the same calls in the same order."""
-    if name is not None:
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"name must be a non-empty str, got {name!r}")
-        return name
-    with _counter_lock:
-        _counters[kind] += 1
-        return f"{kind}.noname.{_counters[kind]}"
-
-
-def _reset_names():
-    with _counter_lock:
-        _counters.clear()
+from .request import Request
 
 
 def _device_of(array):
@@ -53,59 +34,113 @@ def _check_array(array, what):
     return device
 
 
-def _ops(device):
-    return state.engine().host_ops if device == "cpu" else _gpu_ops()
-
-
-def _gpu_ops():
-    from . import gpu
-    return gpu.device_ops()
-
-
-def _submit(kind, array, name, op=-1, root=-1, scales=(1.0, 1.0), splits=(), out=None, op_obj=None):
+def _submit(kind, array, name, op=-1, root=-1, scales=(1.0, 1.0), splits=(), out=None, op_obj=None, sync=False):
     eng = state.engine()
     name = _auto_name(kind, name)
     device = _check_array(array, f"{kind} {name!r}")
     dt = dtype_name(array.dtype) if op_obj is None else check_op_dtype(op_obj, array.dtype)
     meta = Meta(kind=kind, dtype=dt, shape=tuple(array.shape), op=int(op), root=root, device=device,
-                scales=tuple(float(s) for s in scales), splits=tuple(splits))
-    ops = _ops(device)
-    handle = Handle([name])
-    eng.submit(Request(name, meta, array, out, handle, ops, ops.ready_event()))
+                scales=(float(scales[0]), float(scales[1])), splits=tuple(splits))
+    ops = ops_for(device)
+    handle = Handle((name,), eng.drive)
+    eng.submit(Request(name, meta, (array,), (out,), handle, ops, ops.ready_event()), wake=not sync)
     return handle
 
 
 # ------------------------------------------------------------------------------------------------ allreduce
 def allreduce_async(array, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0, out=None):
     """Reduce `array` over all ranks. `out=array` reduces in place. Average divides by size() (integers: floor)."""
+    return _allreduce(array, op, name, prescale_factor, postscale_factor, out, sync=False)
+
+
+def allreduce(array, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0, out=None):
+    return _allreduce(array, op, name, prescale_factor, postscale_factor, out, sync=True).wait()
+
+
+def _allreduce(array, op, name, prescale_factor, postscale_factor, out, sync):
     op = as_op(op)
     if out is None:
-        out = _ops(_device_of(array)).empty(array.shape, array.dtype)
+        out = ops_for(_device_of(array)).empty(array.shape, array.dtype)
     elif out.shape != array.shape or out.dtype != array.dtype:
         raise ValueError(f"allreduce out has shape {out.shape} {out.dtype}, input {array.shape} {array.dtype}")
-    return _submit("allreduce", array, name, op=op, scales=(prescale_factor, postscale_factor), out=out, op_obj=op)
-
-
-def allreduce(array, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    return allreduce_async(array, op, name, prescale_factor, postscale_factor).wait()
+    return _submit("allreduce", array, name, op=op, scales=(prescale_factor, postscale_factor), out=out, op_obj=op,
+                   sync=sync)
 
 
 def grouped_allreduce_async(arrays, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0, outs=None):
-    """One handle for many tensors; they are negotiated and fused together. wait() returns the list."""
+    """Many arrays as ONE collective: one name, one agreement, one handle, packed back to back into one bucket.
+    wait() returns the list of results (the `outs` themselves when given, e.g. outs=arrays for in place)."""
+    return _grouped_allreduce(arrays, op, name, prescale_factor, postscale_factor, outs, sync=False)
+
+
+def grouped_allreduce(arrays, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0, outs=None):
+    return _grouped_allreduce(arrays, op, name, prescale_factor, postscale_factor, outs, sync=True).wait()
+
+
+def _grouped_allreduce(arrays, op, name, prescale_factor, postscale_factor, outs, sync):
+    op = as_op(op)
     arrays = list(arrays)
     if not arrays:
         raise ValueError("grouped_allreduce needs at least one array")
-    base = _auto_name("grouped_allreduce", name)
+    eng = state.engine()
+    name = _auto_name("grouped_allreduce", name)
     outs = list(outs) if outs is not None else [None] * len(arrays)
     if len(outs) != len(arrays):
-        raise ValueError(f"grouped_allreduce got {len(arrays)} arrays but {len(outs)} outs")
-    parts = [allreduce_async(a, op, f"{base}.{i}", prescale_factor, postscale_factor, o)
-             for i, (a, o) in enumerate(zip(arrays, outs))]
-    return GroupHandle(parts)
+        raise ValueError(f"grouped_allreduce {name!r} got {len(arrays)} arrays but {len(outs)} outs")
+    kinds = {}                       # (dtype, device) -> positions: one request per kind, usually exactly one
+    for i, a in enumerate(arrays):
+        kinds.setdefault((a.dtype, _check_array(a, f"grouped_allreduce {name!r} tensor {i}")), []).append(i)
+    if len(kinds) == 1:
+        return _group_request(eng, name, arrays, outs, op, prescale_factor, postscale_factor, sync)
+    parts = [(positions, _group_request(eng, f"{name}.{dtype}.{device}", [arrays[i] for i in positions],
+                                        [outs[i] for i in positions], op, prescale_factor, postscale_factor, sync))
+             for (dtype, device), positions in sorted(kinds.items(), key=lambda kv: kv[1][0])]
+    return MixedGroupHandle(len(arrays), parts)
 
 
-def grouped_allreduce(arrays, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    return grouped_allreduce_async(arrays, op, name, prescale_factor, postscale_factor).wait()
+def _group_request(eng, name, arrays, outs, op, prescale_factor, postscale_factor, sync):
+    """One request for arrays of one dtype on one device."""
+    device = _device_of(arrays[0])
+    ops = ops_for(device)
+    dtype = arrays[0].dtype
+    # one pass of cheap checks per tensor: this loop is the whole per-tensor cost of a bucket
+    sizes = []
+    for i, (a, o) in enumerate(zip(arrays, outs)):
+        if o is None:
+            o = outs[i] = ops.empty(a.shape, dtype)
+        elif o.shape != a.shape or o.dtype != dtype or not o.flags.c_contiguous:
+            raise ValueError(f"grouped_allreduce {name!r}: out {i} has shape {o.shape} {o.dtype}, input "
+                             f"{a.shape} {dtype} (outs must match and be C-contiguous)")
+        sizes.append(a.size)
+    meta = Meta(kind="allreduce", dtype=check_op_dtype(op, dtype), shape=(sum(sizes),), op=int(op), device=device,
+                scales=(float(prescale_factor), float(postscale_factor)), parts=tuple(sizes))
+    handle = Handle((name,), eng.drive)
+    eng.submit(Request(name, meta, arrays, outs, handle, ops, ops.ready_event(), grouped=True), wake=not sync)
+    return handle
+
+
+class MixedGroupHandle(Handle):
+    """A grouped allreduce over several dtypes: one request per dtype; wait() returns results in input order."""
+    __slots__ = ("count", "parts")
+
+    def __init__(self, count, parts):
+        super().__init__(tuple(n for _, h in parts for n in h.names))
+        self.count, self.parts = count, parts
+
+    def done(self):
+        return all(h.done() for _, h in self.parts)
+
+    def poll(self):
+        return all(h.poll() for _, h in self.parts)
+
+    def wait(self, timeout=None):
+        results = [None] * self.count
+        for positions, handle in self.parts:
+            for i, r in zip(positions, handle.wait(timeout)):
+                results[i] = r
+        self.times.update(started=min(h.times.get("started", 0.0) for _, h in self.parts),
+                          finished=max(h.times.get("finished", 0.0) for _, h in self.parts))
+        return results
 
 
 # ------------------------------------------------------------------------------------------------ others
@@ -117,7 +152,9 @@ def allgather_async(array, name=None):
 
 
 def allgather(array, name=None):
-    return allgather_async(array, name).wait()
+    if np.ndim(array) == 0:
+        raise ValueError("allgather needs an array with at least one dimension")
+    return _submit("allgather", array, name, sync=True).wait()
 
 
 def _check_root(root_rank, what):
@@ -130,17 +167,21 @@ def _check_root(root_rank, what):
 
 def broadcast_async(array, root_rank=0, name=None, out=None):
     """Every rank gets root_rank's array. `out=array` broadcasts in place."""
+    return _broadcast(array, root_rank, name, out, sync=False)
+
+
+def _broadcast(array, root_rank, name, out, sync):
     root = _check_root(root_rank, "broadcast")
     device = _check_array(array, "broadcast")
     if out is None:
-        out = _ops(device).copy(array)
+        out = ops_for(device).copy(array)
     elif out is not array:
         out[...] = array
-    return _submit("broadcast", array, name, root=root, out=out)
+    return _submit("broadcast", array, name, root=root, out=out, sync=sync)
 
 
-def broadcast(array, root_rank=0, name=None):
-    return broadcast_async(array, root_rank, name).wait()
+def broadcast(array, root_rank=0, name=None, out=None):
+    return _broadcast(array, root_rank, name, out, sync=True).wait()
 
 
 def alltoall_async(array, splits=None, name=None):
@@ -177,7 +218,7 @@ def reducescatter(array, op=Average, name=None):
 
 def barrier(name=None):
     """Returns once every rank has called barrier()."""
-    _submit("barrier", np.zeros(0, np.uint8), name).wait()
+    _submit("barrier", np.zeros(0, np.uint8), name, sync=True).wait()
 
 
 # ------------------------------------------------------------------------------------------------ objects
@@ -188,7 +229,7 @@ def broadcast_object(obj, root_rank=0, name=None):
     payload = np.frombuffer(pickle.dumps(obj), np.uint8) if state.rank() == root else np.zeros(0, np.uint8)
     length = broadcast(np.array([payload.size], np.int64), root, f"{base}.len")
     data = payload.copy() if state.rank() == root else np.empty(int(length[0]), np.uint8)
-    data = broadcast_async(data, root, f"{base}.data", out=data).wait()
+    data = broadcast(data, root, f"{base}.data", out=data)
     return obj if state.rank() == root else pickle.loads(data.tobytes())
 
 
@@ -209,7 +250,7 @@ def join():
     """This rank has no more data. Until every rank has joined, it takes part in the others' allreduces with zeros
     (Average still divides by size()). Returns the rank that joined last."""
     eng = state.engine()
-    handle = Handle(["join"])
+    handle = Handle(("join",), eng.drive)
     eng.join(handle)
     return handle.wait()
 

@@ -9,6 +9,15 @@ import numpy as np
 from .ops import scale_into
 
 
+def ops_for(device):
+    """The one place that picks buffer operations: HostOps for numpy arrays, ringtrain.gpu's DeviceOps (cupy
+    kernels; imported only when a device array is seen) for 'cuda'."""
+    if device == "cpu":
+        return HOST_OPS
+    from . import gpu
+    return gpu.device_ops()
+
+
 class HostOps:
     device = "cpu"
 
@@ -65,3 +74,6 @@ class HostOps:
     @staticmethod
     def done_event():
         return None
+
+
+HOST_OPS = HostOps()

@@ -25,6 +25,7 @@ class Meta:
     device: str = "cpu"
     scales: tuple = (1.0, 1.0)   # prescale, postscale
     splits: tuple = ()        # alltoall: rows sent to each rank
+    parts: tuple = ()         # grouped allreduce: element count of each tensor (shape is their total)
 
     @property
     def nbytes(self):
@@ -46,13 +47,59 @@ class Meta:
             parts.append(f"on {self.device}")
         if self.scales != (1.0, 1.0):
             parts.append(f"scales {self.scales}")
+        if self.parts:
+            parts.append(f"in {len(self.parts)} tensors")
         return f"{self.kind} " + " ".join(parts)
 
 
 def _agreement_key(meta):
     """The part of the metadata that must be identical on every rank (allgather/alltoall may differ in dim 0)."""
     shape = meta.shape[1:] if meta.kind in ("allgather", "alltoall") else meta.shape
-    return (meta.kind, meta.dtype, shape, meta.op, meta.root, meta.device, meta.scales)
+    return (meta.kind, meta.dtype, shape, meta.op, meta.root, meta.device, meta.scales, meta.parts)
+
+
+# kinds whose metadata is the same on every rank: a cache id then names the same collective everywhere, which is
+# what lets ranks agree on them without the coordinator (allgather/alltoall differ per rank in dim 0 / splits)
+SAME_EVERYWHERE = frozenset(("allreduce", "broadcast", "reducescatter", "barrier"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Action:
+    """One step every rank executes, in the same order: a collective, or an error/warning/join/shutdown event."""
+    kind: str                 # a collective kind, or error | warn | abort | join_done | shutdown
+    names: tuple = ()         # the tensors it covers (an allreduce bucket may cover many)
+    metas: tuple = ()         # their metadata, same order
+    extra: tuple = ()         # allgather: dim 0 per rank; alltoall: splits per rank
+    message: str = ""         # error / warn / abort text
+    error: str = ""           # errors: the ringtrain.errors class name
+    rank: int = -1            # join_done: the rank that joined last
+
+
+def fusion_key(meta):
+    """Allreduces fuse into one bucket only when they reduce the same way."""
+    return (meta.dtype, meta.op, meta.device, meta.scales)
+
+
+def fuse_allreduces(named_metas, threshold):
+    """[(name, meta)] in execution order -> allreduce Actions, each one bucket of <= threshold bytes (a single
+    larger tensor gets a bucket of its own). Pure and deterministic: every rank that runs it on the same list gets
+    the same buckets, which is what the coordinator-free fast path relies on."""
+    open_buckets = {}                        # fusion key -> [names, metas, bytes], in order of first use
+    actions = []
+    for name, meta in named_metas:
+        key = fusion_key(meta)
+        bucket = open_buckets.get(key)
+        if bucket is not None and bucket[2] + meta.nbytes > threshold:
+            actions.append(Action("allreduce", tuple(bucket[0]), tuple(bucket[1])))
+            del open_buckets[key]
+            bucket = None
+        if bucket is None:
+            bucket = open_buckets[key] = [[], [], 0]
+        bucket[0].append(name)
+        bucket[1].append(meta)
+        bucket[2] += meta.nbytes
+    actions.extend(Action("allreduce", tuple(names), tuple(metas)) for names, metas, _ in open_buckets.values())
+    return actions
 
 
 def _rank_list(ranks):
@@ -113,34 +160,26 @@ class Coordinator:
     # ---- decisions -----------------------------------------------------------------------------------
     def plan(self):
         """Actions ready now, in the order every rank must execute them."""
-        actions = []
-        buckets = collections.OrderedDict()      # fusion signature -> (names, metas, bytes)
+        actions, allreduces = [], []
         for name in list(self.pending):
             entry = self.pending[name]
             action = self._decide(name, entry)
             if action is None:
                 continue
             del self.pending[name]
-            if action[0] == "allreduce":
-                meta = action[2][0]
+            if action.kind != "error":
                 self._remember(name, entry.metas)
-                key = (meta.dtype, meta.op, meta.device, meta.scales)
-                names, metas, nbytes = buckets.get(key, ([], [], 0))
-                if names and nbytes + meta.nbytes > self.fusion_threshold:
-                    actions.append(("allreduce", names, metas))
-                    names, metas, nbytes = [], [], 0
-                buckets[key] = (names + [name], metas + [meta], nbytes + meta.nbytes)
+            if action.kind == "allreduce":
+                allreduces.append((name, action.metas[0]))
             else:
-                if action[0] != "error":
-                    self._remember(name, entry.metas)
                 actions.append(action)
-        actions.extend(("allreduce", names, metas) for names, metas, _ in buckets.values())
+        actions.extend(fuse_allreduces(allreduces, self.fusion_threshold))
         if self.joined and len(self.joined) + len(self.shut_down - set(self.joined)) >= self.size:
             last = max(self.joined, key=self.joined.get)
-            actions.append(("join_done", last))
+            actions.append(Action("join_done", rank=last))
             self.joined = {}
         if len(self.shut_down) >= self.size:
-            actions.append(("shutdown",))
+            actions.append(Action("shutdown"))
         return actions
 
     def take_new_cache_entries(self):
@@ -160,24 +199,24 @@ class Coordinator:
         metas = entry.metas
         gone = self.shut_down - set(metas)
         if gone:
-            return ("error", [name], f"tensor {name!r}: {_rank_list(gone)} already called shutdown() "
-                    f"while {_rank_list(metas)} submitted it", "RankFailureError")
+            return Action("error", (name,), message=f"tensor {name!r}: {_rank_list(gone)} already called shutdown() "
+                          f"while {_rank_list(metas)} submitted it", error="RankFailureError")
         joined_missing = {r for r in self.joined if r not in metas}
         if len(metas) + len(joined_missing) < self.size:
             return None
         if len({_agreement_key(m) for m in metas.values()}) > 1:
-            return ("error", [name], mismatch_message(name, metas), "TensorMismatchError")
+            return Action("error", (name,), message=mismatch_message(name, metas), error="TensorMismatchError")
         meta = next(iter(metas.values()))
         if joined_missing and meta.kind != "allreduce":
-            return ("error", [name], f"tensor {name!r}: {meta.kind} cannot run while {_rank_list(joined_missing)} "
-                    f"{'has' if len(joined_missing) == 1 else 'have'} joined; only allreduce can", "RingtrainError")
-        if meta.kind == "allreduce":
-            return ("allreduce", [name], [meta])
+            return Action("error", (name,), message=f"tensor {name!r}: {meta.kind} cannot run while "
+                          f"{_rank_list(joined_missing)} {'has' if len(joined_missing) == 1 else 'have'} joined; "
+                          "only allreduce can", error="RingtrainError")
         if meta.kind == "allgather":
-            return ("allgather", name, meta, [metas[r].shape[0] if metas[r].shape else 1 for r in range(self.size)])
+            return Action("allgather", (name,), (meta,),
+                          tuple(metas[r].shape[0] if metas[r].shape else 1 for r in range(self.size)))
         if meta.kind == "alltoall":
-            return ("alltoall", name, meta, [list(metas[r].splits) for r in range(self.size)])
-        return (meta.kind, name, meta)
+            return Action("alltoall", (name,), (meta,), tuple(tuple(metas[r].splits) for r in range(self.size)))
+        return Action(meta.kind, (name,), (meta,))
 
     def check_stalls(self):
         """(warnings, fatal_message_or_None) for names some ranks submitted long ago and others never did."""

@@ -3,6 +3,7 @@ import atexit
 import logging
 import threading
 
+from . import gpu, names
 from .config import Config
 from .errors import NotInitializedError, RingtrainError
 
@@ -34,17 +35,12 @@ def init(comm=None, **config_overrides):
         gpu_id = _bind_gpu(topology.local_rank)
         engine = Engine(topology, config)
         _state = (topology, engine, config, gpu_id)
-        from .collectives import _reset_names
-        _reset_names()
+        names.reset()
     atexit.register(_shutdown_at_exit)
 
 
 def _bind_gpu(local_rank):
     """The GPU of this local rank, or None when there is none (CPU path, silently)."""
-    try:
-        from . import gpu
-    except ImportError:
-        return None
     try:
         return gpu.bind(local_rank) if gpu.available() else None
     except Exception:

@@ -1,5 +1,5 @@
 """The coordinator's decisions, without MPI: readiness, order, fusion, mismatch messages, stalls, join, shutdown."""
-from ringtrain.negotiation import Coordinator, Meta
+from ringtrain.negotiation import Action, Coordinator, Meta
 from ringtrain.ops import ReduceOp
 
 
@@ -17,7 +17,7 @@ def test_ready_only_when_every_rank_submitted():
     c.submit(1, [("a", meta())])
     assert c.plan() == []
     c.submit(2, [("a", meta())])
-    assert c.plan() == [("allreduce", ["a"], [meta()])]
+    assert c.plan() == [Action("allreduce", ("a",), (meta(),))]
     assert c.plan() == []
 
 
@@ -25,13 +25,13 @@ def test_different_submission_orders_give_one_order_and_one_bucket():
     c = make(size=2)
     c.submit(0, [("a", meta()), ("b", meta())])
     c.submit(1, [("b", meta()), ("a", meta())])
-    assert c.plan() == [("allreduce", ["a", "b"], [meta(), meta()])]
+    assert c.plan() == [Action("allreduce", ("a", "b"), (meta(), meta()))]
 
 
 def test_fusion_threshold_splits_buckets_and_keys_by_dtype():
     c = make(size=1, fusion=40)
     c.submit(0, [("a", meta((8,))), ("b", meta((4,))), ("c", meta((2,), dtype="float64"))])
-    names = [a[1] for a in c.plan()]
+    names = [list(a.names) for a in c.plan()]
     assert names == [["a"], ["b"], ["c"]]   # a (32 B) + b (16 B) > 40 B; c has another dtype
 
 
@@ -40,8 +40,9 @@ def test_mismatch_names_every_rank_and_value():
     c.submit(0, [("w", meta((4,)))])
     c.submit(1, [("w", meta((5,)))])
     c.submit(2, [("w", meta((4,)))])
-    [(kind, names, message, cls)] = c.plan()
-    assert (kind, names, cls) == ("error", ["w"], "TensorMismatchError")
+    [action] = c.plan()
+    kind, names, message, cls = action.kind, action.names, action.message, action.error
+    assert (kind, names, cls) == ("error", ("w",), "TensorMismatchError")
     assert "ranks 0,2 have allreduce shape (4,) float32" in message and "rank 1 has allreduce shape (5,)" in message
 
 
@@ -51,14 +52,14 @@ def test_dtype_op_and_root_mismatch_are_errors():
         c = make(size=2)
         c.submit(0, [("x", a)])
         c.submit(1, [("x", b)])
-        assert c.plan()[0][0] == "error"
+        assert c.plan()[0].kind == "error"
 
 
 def test_allgather_allows_different_first_dim():
     c = make(size=2)
     c.submit(0, [("g", meta((2, 3), kind="allgather", op=-1))])
     c.submit(1, [("g", meta((5, 3), kind="allgather", op=-1))])
-    assert c.plan() == [("allgather", "g", meta((2, 3), kind="allgather", op=-1), [2, 5])]
+    assert c.plan() == [Action("allgather", ("g",), (meta((2, 3), kind="allgather", op=-1),), (2, 5))]
 
 
 def test_cache_ids_replace_metadata():
@@ -70,7 +71,7 @@ def test_cache_ids_replace_metadata():
     assert ids == {("a", meta()): 0}
     c.submit(0, [0])
     c.submit(1, [0])
-    assert c.plan() == [("allreduce", ["a"], [meta()])]
+    assert c.plan() == [Action("allreduce", ("a",), (meta(),))]
 
 
 def test_stall_warns_then_fails_naming_missing_ranks():
@@ -91,17 +92,36 @@ def test_joined_rank_counts_as_ready_for_allreduce_only():
     c.join(1)
     c.submit(0, [("a", meta()), ("g", meta((1,), kind="allgather", op=-1))])
     actions = c.plan()
-    assert actions[0][0] == "error" and "joined" in actions[0][2]
-    assert ("allreduce", ["a"], [meta()]) in actions
+    assert actions[0].kind == "error" and "joined" in actions[0].message
+    assert Action("allreduce", ("a",), (meta(),)) in actions
     c.join(0)
-    assert c.plan() == [("join_done", 0)]
+    assert c.plan() == [Action("join_done", rank=0)]
 
 
 def test_shutdown_rank_makes_pending_names_fail():
     c = make(size=2)
     c.shutdown(1)
     c.submit(0, [("a", meta())])
-    [(kind, names, message, cls)] = c.plan()
+    [action] = c.plan()
+    kind, message, cls = action.kind, action.message, action.error
     assert kind == "error" and cls == "RankFailureError" and "rank 1 already called shutdown()" in message
     c.shutdown(0)
-    assert c.plan() == [("shutdown",)]
+    assert c.plan() == [Action("shutdown")]
+
+
+def test_fusion_is_a_pure_function_of_the_ready_list():
+    """The coordinator-free fast path fuses on every rank independently: same list in, same buckets out."""
+    from ringtrain.negotiation import fuse_allreduces
+    items = [("a", meta((8,))), ("h", meta((4,), dtype="float16")), ("b", meta((4,))), ("c", meta((8,)))]
+    buckets = fuse_allreduces(items, threshold=48)
+    assert [(a.names, a.metas[0].dtype) for a in buckets] == [(("a", "b"), "float32"), (("h",), "float16"),
+                                                               (("c",), "float32")]
+    assert fuse_allreduces(items, threshold=48) == buckets
+
+
+def test_grouped_parts_are_part_of_the_agreement():
+    c = make(size=2)
+    c.submit(0, [("g", meta((6,), parts=(2, 4)))])
+    c.submit(1, [("g", meta((6,), parts=(3, 3)))])
+    [action] = c.plan()
+    assert action.error == "TensorMismatchError" and "in 2 tensors" in action.message

@@ -1,0 +1,182 @@
+"""Runs one agreed collective on this rank: picks the transport and buffer ops, packs, runs the ring, unpacks, and
+completes the requests' handles. Knows nothing of agreement; the engine hands it an Action and this rank's
+requests for the Action's names (None where this rank has no request: it joined and contributes zeros).
+
+Copies: an allreduce packs its tensors into the transport's staging buffer -- for shm that is this rank's region
+of the shared window, so the pack IS the copy-in -- and unpacks with Average's 1/N (and any postscale) fused into
+the copy-out. Staging buffers persist across calls; the only per-call allocations are results the API returns.
+"""
+import logging
+import time
+
+from .fusion import ops_for
+from .ops import DTYPES, ReduceOp
+from .timeline import open_timeline
+from .stats import CommStats
+from .transports import choice
+from .transports.base import even_counts
+
+log = logging.getLogger("ringtrain")
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+class Executor:
+    def __init__(self, topology, config, watchdog):
+        self.topo, self.config, self.watchdog = topology, config, watchdog
+        self.rank, self.size = topology.rank, topology.size
+        self.transports = {"cpu": choice.host_transport(topology, config, watchdog)}
+        self.timeline = open_timeline(config, self.rank)
+        self.stats = CommStats()
+        self._bucket_count = 0
+
+    def transport(self, device):
+        t = self.transports.get(device)
+        if t is None:   # first device collective: every rank reaches this action at the same point, so creation is collective
+            t = self.transports[device] = choice.device_transport(self.topo, self.config, self.watchdog)
+        return t
+
+    def transport_name(self, device="cpu"):
+        t = self.transports.get(device)
+        return t.name if t is not None else None
+
+    # ------------------------------------------------------------------------------------------------ dispatch
+    def run(self, action, reqs):
+        """Execute `action`; complete every non-None request in reqs (aligned with action.names)."""
+        kind, meta = action.kind, action.metas[0]
+        ops = ops_for(meta.device)
+        for r in reqs:
+            if r is not None and r.ready_event is not None:
+                ops.wait_event(r.ready_event)
+        start = time.perf_counter()
+        if kind == "allreduce":
+            nbytes = self._allreduce(action.metas, reqs, ops)
+        else:
+            req = reqs[0]
+            nbytes = meta.nbytes
+            if kind == "barrier":
+                result = None
+            elif kind == "broadcast":
+                self.transport(meta.device).broadcast(req.out.reshape(-1), meta.root)
+                result = req.out
+            elif kind == "allgather":
+                result = self._allgather(req, meta, action.extra, ops)
+            elif kind == "alltoall":
+                result = self._alltoall(req, meta, action.extra, ops)
+            elif kind == "reducescatter":
+                result = self._reducescatter(req, meta, ops)
+            else:
+                raise ValueError(f"unknown collective kind {kind!r}")
+            req.handle._set_result(req.result(result), ops.done_event())
+        elapsed = time.perf_counter() - start
+        self.stats.record(kind, nbytes, elapsed)
+        if self.timeline is not None:
+            self._bucket_count += 1
+            self.timeline.bucket(self._bucket_count, start, start + elapsed, nbytes, list(action.names),
+                                 self.transport_name(meta.device))
+
+    # ------------------------------------------------------------------------------------------------ allreduce
+    def _allreduce(self, metas, reqs, ops):
+        """One bucket: requests (each one or many arrays) packed back to back, one ring allreduce, unpacked."""
+        meta = metas[0]
+        dtype = DTYPES[meta.dtype]
+        prescale, postscale = meta.scales
+        sources, targets = [], []
+        for m, r in zip(metas, reqs):
+            if r is None:                     # joined: zeros in, nothing out
+                n = _numel(m.shape)
+                sources.append(n)
+                targets.append(n)
+            else:
+                sources.extend(r.arrays)
+                targets.extend(r.outs)
+        total = sum(_numel(m.shape) for m in metas)
+        if self.size == 1:
+            # nothing to exchange: skip the staging copies (a 25 MB bucket costs ms each way)
+            for src, dst in zip(sources, targets):
+                if dst is not src or prescale * postscale != 1.0:
+                    ops.unpack(src.reshape(-1), [dst.reshape(-1)], prescale * postscale)
+        else:
+            transport = self.transport(meta.device)
+            staging = transport.staging_buffer(total * dtype.itemsize).view(dtype)
+            t0 = time.perf_counter()
+            ops.pack(sources, staging)
+            if prescale != 1.0:
+                ops.scale(staging, prescale)
+            t1 = time.perf_counter()
+            transport.allreduce(staging, ReduceOp(meta.op))
+            t2 = time.perf_counter()
+            scale = postscale / self.size if meta.op == ReduceOp.AVERAGE else postscale
+            ops.unpack(staging, targets, scale)
+            if self.timeline is not None:
+                t3 = time.perf_counter()
+                for r in reqs:
+                    if r is not None:
+                        for phase, a, b in (("packed", t0, t1), ("ring", t1, t2), ("unpacked", t2, t3)):
+                            self.timeline.span(r.name, phase, a, b)
+        done = ops.done_event()
+        for r in reqs:
+            if r is not None:
+                r.handle._set_result(r.result(), done)
+        return total * dtype.itemsize
+
+    # ------------------------------------------------------------------------------------------------ the others
+    def _allgather(self, req, meta, first_dims, ops):
+        row = _numel(meta.shape[1:])
+        counts = [d * row for d in first_dims]
+        out = ops.empty((sum(first_dims),) + tuple(meta.shape[1:]), DTYPES[meta.dtype])
+        flat = out.reshape(-1)
+        start = sum(counts[:self.rank])
+        flat[start:start + counts[self.rank]] = req.array.reshape(-1)
+        self.transport(meta.device).allgather(flat, counts)
+        return out
+
+    def _alltoall(self, req, meta, splits, ops):
+        row = _numel(meta.shape[1:])
+        send_counts = [s * row for s in splits[self.rank]]
+        recv_rows = [splits[src][self.rank] for src in range(self.size)]
+        out = ops.empty((sum(recv_rows),) + tuple(meta.shape[1:]), DTYPES[meta.dtype])
+        self.transport(meta.device).alltoall(req.array.reshape(-1), send_counts, out.reshape(-1),
+                                             [r * row for r in recv_rows])
+        return out, recv_rows
+
+    def _reducescatter(self, req, meta, ops):
+        dtype = DTYPES[meta.dtype]
+        rows = even_counts(meta.shape[0], self.size)
+        row = _numel(meta.shape[1:])
+        counts = [r * row for r in rows]
+        transport = self.transport(meta.device)
+        # the input is not ours to overwrite: reduce in the (persistent) staging buffer instead of a fresh copy
+        buf = transport.staging_buffer(meta.nbytes).view(dtype)
+        ops.pack([req.array.reshape(-1)], buf)
+        transport.reducescatter(buf, counts, ReduceOp(meta.op))
+        start = sum(counts[:self.rank])
+        out = ops.empty((rows[self.rank],) + tuple(meta.shape[1:]), dtype)
+        prescale, postscale = meta.scales
+        scale = prescale * postscale / (self.size if meta.op == ReduceOp.AVERAGE else 1)
+        ops.unpack(buf[start:start + counts[self.rank]], [out.reshape(-1)], scale)
+        return out
+
+    # ------------------------------------------------------------------------------------------------ end
+    def finish(self, ctrl):
+        """At an agreed shutdown: the communication summary (collective over ctrl) and the timeline file."""
+        try:
+            table = self.stats.summary(ctrl)
+            if table:
+                log.info("communication summary:\n%s", table)
+        except Exception:
+            log.debug("communication summary failed", exc_info=True)
+        if self.timeline is not None:
+            self.timeline.close()
+
+    def close(self):
+        for t in self.transports.values():
+            try:
+                t.close()
+            except Exception:
+                log.debug("closing transport failed", exc_info=True)
