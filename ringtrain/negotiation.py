@@ -219,20 +219,26 @@ class Coordinator:
         return Action(meta.kind, (name,), (meta,))
 
     def check_stalls(self):
-        """(warnings, fatal_message_or_None) for names some ranks submitted long ago and others never did."""
+        """(warnings, fatal_message_or_None) for names some ranks submitted long ago and others never did.
+        Once one name is past the timeout the stall is fatal, and the message names every name that has waited
+        past the warning threshold too: ranks that diverged usually each wait on their own name, submitted
+        moments apart, and the user needs to see both sides."""
         now = self.clock()
-        warnings, fatal = [], []
+        warnings, stalled, fatal = [], [], False
         for name, entry in self.pending.items():
             age = now - entry.first_seen
             missing = set(range(self.size)) - set(entry.metas) - set(self.joined)
-            if age > self.stall_timeout_s:
-                fatal.append(f"tensor {name!r} was submitted by {_rank_list(entry.metas)} but not by "
-                             f"{_rank_list(missing)} for {age:.0f}s")
-            elif age > self.stall_warning_s and not entry.warned:
-                entry.warned = True
-                warnings.append(f"tensor {name!r} has waited {age:.0f}s: submitted by {_rank_list(entry.metas)}, "
-                                f"still missing on {_rank_list(missing)} (ranks diverged? a rank skipped a step?)")
+            fatal |= age > self.stall_timeout_s
+            if age > self.stall_warning_s:
+                stalled.append(f"tensor {name!r} was submitted by {_rank_list(entry.metas)} but not by "
+                               f"{_rank_list(missing)} for {age:.0f}s")
+                if not entry.warned:
+                    entry.warned = True
+                    warnings.append(f"tensor {name!r} has waited {age:.0f}s: submitted by "
+                                    f"{_rank_list(entry.metas)}, still missing on {_rank_list(missing)} "
+                                    "(ranks diverged? a rank skipped a step?)")
         if fatal:
-            return warnings, ("stall: " + "; ".join(fatal[:5]) + (f"; and {len(fatal) - 5} more" if len(fatal) > 5 else "")
+            more = f"; and {len(stalled) - 5} more" if len(stalled) > 5 else ""
+            return warnings, ("stall: " + "; ".join(stalled[:5]) + more
                               + f" (RINGTRAIN_STALL_TIMEOUT_S={self.stall_timeout_s:g})")
         return warnings, None

@@ -125,3 +125,15 @@ def test_grouped_parts_are_part_of_the_agreement():
     c.submit(1, [("g", meta((6,), parts=(3, 3)))])
     [action] = c.plan()
     assert action.error == "TensorMismatchError" and "in 2 tensors" in action.message
+
+
+def test_a_fatal_stall_names_every_name_waiting_past_the_warning():
+    now = [0.0]
+    c = make(size=2, clock=lambda: now[0])
+    c.submit(0, [("grad.a", meta())])
+    now[0] = 0.2
+    c.submit(1, [("grad.b", meta())])
+    now[0] = 2.1                      # grad.a is past the 2 s timeout, grad.b (1.9 s) only past the warning
+    _, fatal = c.check_stalls()
+    assert "'grad.a' was submitted by rank 0 but not by rank 1" in fatal
+    assert "'grad.b' was submitted by rank 1 but not by rank 0" in fatal

@@ -21,6 +21,11 @@ Why this is race-free with two barriers: the positions of block r, in every regi
 during step 2; "ready" guarantees peers' inputs are in place; "done" guarantees every push has landed and every
 read of our region has finished, so the engine may pack the next bucket into it as soon as we return.
 Reduce-scatter is steps 1-2 without the push; allgather pulls block p from owner p's region.
+Small allreduces (<= SMALL_BYTES) take one barrier, not two: each rank copies its input into one of two small
+slots kept outside the region (alternating by call), passes the barrier, and reduces all N slots itself in rank
+order (so every rank computes bitwise the same result). A peer can write the same slot again only two small calls
+later, past a barrier this rank reaches only after it finished reading -- and no other collective touches the
+slots, so nothing else can overwrite them early.
 Inputs larger than the region are processed in chunks, each holding 1/K of every block so every rank keeps
 working on every chunk. broadcast and alltoall go through nonblocking MPI on the same communicator.
 """
@@ -37,7 +42,9 @@ _LINE = 64                     # one cache line of flags per rank, so ranks neve
 _LINE_INT64 = _LINE // 8
 _SEQ, _OFFSET = 0, 1           # int64 slots in a flag line
 _SIGNATURE = slice(2, 6)       # what this rank is running: kind, bytes, itemsize, checksum of the block counts
-_KINDS = {1: "allreduce", 2: "reducescatter", 3: "allgather"}
+_KINDS = {1: "allreduce", 2: "reducescatter", 3: "allgather", 4: "allreduce"}   # 4: the one-barrier path
+SMALL_BYTES = 64 << 10         # allreduces up to this size use the one-barrier path
+_SMALL_SLOT = _LINE + SMALL_BYTES   # a line for the call's signature, then the data
 
 
 class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
@@ -62,7 +69,7 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
         # whole cache lines; at least two int64 per rank so a chunk always has room for a piece of every block
         self.capacity = -(-max(int(config.fusion_threshold), 16 * self.size, _LINE) // _LINE) * _LINE
         header = -(-(self.size * _LINE) // _PAGE) * _PAGE
-        self._win = MPI.Win.Allocate_shared(header + self.capacity, 1, comm=node)
+        self._win = MPI.Win.Allocate_shared(header + self.capacity + 2 * _SMALL_SLOT, 1, comm=node)
         # a passive-target epoch for the whole lifetime, so Win.Sync() (a local memory barrier) is legal
         self._win.Lock_all(MPI.MODE_NOCHECK)
         self._closed = False
@@ -71,6 +78,10 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
             mem, _ = self._win.Shared_query(p)
             segments.append(np.frombuffer(mem, dtype=np.uint8))
         self._data = [seg[header: header + self.capacity] for seg in segments]
+        small = header + self.capacity
+        self._small_slots = [(seg[small: small + _SMALL_SLOT], seg[small + _SMALL_SLOT: small + 2 * _SMALL_SLOT])
+                             for seg in segments]
+        self._small_calls = 0
         lines = segments[0][: self.size * _LINE].view(np.int64).reshape(self.size, _LINE_INT64)
         self._seqs = lines[:, _SEQ]            # strided view of every rank's sequence number
         self._peers = [p for p in range(self.size) if p != self.rank]
@@ -166,6 +177,9 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
     # ---- collectives -----------------------------------------------------------------------------------------
 
     def allreduce(self, buf, op):
+        if 0 < buf.nbytes <= SMALL_BYTES and self.size > 1:
+            self._small_allreduce(buf, ops.as_op(op))
+            return
         self._collective(buf, even_counts(buf.size, self.size), ops.as_op(op), reduce=True, gather=True, kind=1)
 
     def reducescatter(self, buf, counts, op):
@@ -231,12 +245,36 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
                 mine(p)[...] = region(p, p, bases[p])
             self._barrier("allgather done")
 
+    def _small_allreduce(self, buf, op):
+        parity = self._small_calls % 2
+        self._small_calls += 1
+        nbytes, dtype = buf.nbytes, buf.dtype
+        # the signature travels in the slot: a peer may already be writing its NEXT call's flag-line signature
+        signature = np.array([4, nbytes, buf.itemsize, int(op)], dtype=np.int64)
+        mine = self._small_slots[self.rank][parity]
+        mine[:32].view(np.int64)[:] = signature
+        mine[_LINE:_LINE + nbytes].view(dtype)[...] = buf
+        self._barrier("ready")
+        slots = [self._small_slots[p][parity] for p in range(self.size)]
+        signatures = np.stack([slot[:32].view(np.int64) for slot in slots])
+        if not (signatures == signature).all():
+            described = "; ".join(f"rank {p}: {_KINDS.get(int(k), k)} of {int(b)} bytes in {int(i)}-byte elements"
+                                  for p, (k, b, i, _) in enumerate(signatures.tolist()))
+            raise TransportError(f"rank {self.rank}: ranks disagree on the shm collective they are running: "
+                                 f"{described}")
+        ufunc = ops.UFUNCS[op]
+        data = [slot[_LINE:_LINE + nbytes].view(dtype) for slot in slots]
+        if self.rank != 0:
+            buf[...] = data[0]
+        for p in range(1, self.size):
+            ufunc(buf, data[p], out=buf)
+
     def close(self):
         """Collective: frees the window (every staging buffer handed out becomes invalid) and communicators."""
         if self._closed:
             return
         self._closed = True
-        self._data = self._seqs = self._offsets = None
+        self._data = self._seqs = self._offsets = self._small_slots = None
         self._win.Unlock_all()
         self._win.Free()
         self._node.Free()
