@@ -103,6 +103,11 @@ class Engine:
         return self.executor.transport_name(device)
 
     @property
+    def transports(self):
+        """device ('cpu' / 'cuda') -> the Transport this engine runs on (device transports appear on first use)."""
+        return self.executor.transports
+
+    @property
     def timeline(self):
         return self.executor.timeline
 
