@@ -96,11 +96,20 @@ class Executor:
                 sources.extend(r.arrays)
                 targets.extend(r.outs)
         total = sum(_numel(m.shape) for m in metas)
+        scale = postscale / self.size if meta.op == ReduceOp.AVERAGE else postscale
         if self.size == 1:
             # nothing to exchange: skip the staging copies (a 25 MB bucket costs ms each way)
             for src, dst in zip(sources, targets):
                 if dst is not src or prescale * postscale != 1.0:
                     ops.unpack(src.reshape(-1), [dst.reshape(-1)], prescale * postscale)
+        elif len(sources) == 1 and not isinstance(sources[0], int) and meta.device == "cpu" and prescale == 1.0:
+            # one array (a single tensor, or an optimizer's flat bucket): no pack, no unpack -- the transport
+            # copies in only what peers read and reduces straight into the output
+            t0 = time.perf_counter()
+            self.transport(meta.device).allreduce_out(sources[0].reshape(-1), targets[0].reshape(-1),
+                                                      ReduceOp(meta.op), scale)
+            if self.timeline is not None:
+                self.timeline.span(reqs[0].name, "ring", t0, time.perf_counter())
         else:
             transport = self.transport(meta.device)
             staging = transport.staging_buffer(total * dtype.itemsize).view(dtype)
@@ -111,7 +120,6 @@ class Executor:
             t1 = time.perf_counter()
             transport.allreduce(staging, ReduceOp(meta.op))
             t2 = time.perf_counter()
-            scale = postscale / self.size if meta.op == ReduceOp.AVERAGE else postscale
             ops.unpack(staging, targets, scale)
             if self.timeline is not None:
                 t3 = time.perf_counter()

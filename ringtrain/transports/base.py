@@ -52,6 +52,16 @@ class Transport(abc.ABC):
         self.reducescatter(buf, counts, op)
         self.allgather(buf, counts)
 
+    def allreduce_out(self, src, dst, op, scale=1.0):
+        """dst <- scale * (src reduced over all ranks); src is left as it was. Transports that map their peers'
+        memory override this to fold the copies into the reduction; the default copies, reduces in place, scales."""
+        from ..ops import scale_into
+        if dst is not src:
+            dst[...] = src
+        self.allreduce(dst, op)
+        if scale != 1.0:
+            scale_into(dst, dst, scale)
+
     @abc.abstractmethod
     def reducescatter(self, buf, counts, op):
         """In place: afterwards block `rank` of buf holds the reduction of that block over all ranks.

@@ -188,14 +188,31 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
     def allgather(self, buf, counts):
         self._collective(buf, counts, None, reduce=False, gather=True, kind=3)
 
-    def _collective(self, buf, counts, op, reduce, gather, kind):
+    def allreduce_out(self, src, dst, op, scale=1.0):
+        """dst <- scale * (src reduced over all ranks), src untouched. The copy-in is only the blocks peers read,
+        the owner reduces its block from src and the peers' regions straight into dst, scales it while the piece is
+        in cache, and pushes it; the copy-out is only the other blocks. For 2 ranks that is one pass over the data
+        in all, where pack + in-region allreduce + unpack costs two."""
+        op = ops.as_op(op)
+        if self.size == 1 or src.size == 0:
+            ops.scale_into(dst, src, scale)
+        elif src.nbytes <= SMALL_BYTES:
+            self._small_allreduce(src, op, dst, scale)
+        else:
+            self._collective(src, even_counts(src.size, self.size), op, reduce=True, gather=True, kind=1, out=dst,
+                             scale=scale)
+
+    def _collective(self, buf, counts, op, reduce, gather, kind, out=None, scale=1.0):
         if len(counts) != self.size or sum(counts) != buf.size:
             raise ValueError(f"rank {self.rank}: counts {list(counts)} do not split a buffer of {buf.size} "
                              f"elements into {self.size} blocks")
         if self.size == 1 or buf.size == 0:
             return
         r, n, itemsize = self.rank, self.size, buf.itemsize
+        out = buf if out is None else out
         in_region = self._offset_in_region(buf)
+        if out is not buf and (in_region is not None or self._offset_in_region(out) is not None):
+            raise ValueError(f"rank {r}: an out-of-place shm allreduce takes buffers outside the shared region")
         my_offset = in_region if in_region is not None else 0
         peers = [(r + i) % n for i in range(1, n)]       # ring order from r+1 spreads the readers
         ufunc = ops.UFUNCS[op] if reduce else None
@@ -203,9 +220,9 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
         for number, chunk in enumerate(self._chunks(counts, itemsize, in_region)):
             region_starts = offsets([c for _, c in chunk])
 
-            def mine(p):
+            def mine(p, array=buf):
                 s, c = chunk[p]
-                return buf[s: s + c]
+                return array[s: s + c]
 
             def region(q, p, base):
                 lo = base + region_starts[p] * itemsize
@@ -224,12 +241,15 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
                 # Block r: in every region these positions are read and written by this rank only, so it can
                 # reduce them and push the result straight into every peer's region, piece by piece while the
                 # piece is still in cache -- no barrier between reducing and gathering.
-                own = mine(r)
+                own, result = mine(r), mine(r, out)
                 sources = [region(q, r, bases[q]) for q in peers]
                 for lo, hi in mpi_util.pieces(own.size, max(1, self.cache_piece_bytes // itemsize)):
-                    acc = own[lo:hi]
-                    for src in sources:
+                    acc = result[lo:hi]
+                    ufunc(own[lo:hi], sources[0][lo:hi], out=acc)
+                    for src in sources[1:]:
                         ufunc(acc, src[lo:hi], out=acc)
+                    if scale != 1.0:
+                        ops.scale_into(acc, acc, scale)
                     if gather:
                         for dst in sources:
                             dst[lo:hi] = acc
@@ -239,13 +259,14 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
                 self._barrier("allreduce done")              # every owner has pushed its block to us
                 if in_region is None:
                     for p in peers:
-                        mine(p)[...] = region(r, p, 0)
+                        mine(p, out)[...] = region(r, p, 0)
                 continue
             for p in peers:
                 mine(p)[...] = region(p, p, bases[p])
             self._barrier("allgather done")
 
-    def _small_allreduce(self, buf, op):
+    def _small_allreduce(self, buf, op, out=None, scale=1.0):
+        out = buf if out is None else out
         parity = self._small_calls % 2
         self._small_calls += 1
         nbytes, dtype = buf.nbytes, buf.dtype
@@ -264,10 +285,12 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
                                  f"{described}")
         ufunc = ops.UFUNCS[op]
         data = [slot[_LINE:_LINE + nbytes].view(dtype) for slot in slots]
-        if self.rank != 0:
-            buf[...] = data[0]
-        for p in range(1, self.size):
-            ufunc(buf, data[p], out=buf)
+        # every rank reduces in rank order, so every rank computes bitwise the same result
+        ufunc(data[0], data[1], out=out)
+        for p in range(2, self.size):
+            ufunc(out, data[p], out=out)
+        if scale != 1.0:
+            ops.scale_into(out, out, scale)
 
     def close(self):
         """Collective: frees the window (every staging buffer handed out becomes invalid) and communicators."""
