@@ -34,13 +34,26 @@ def _check_array(array, what):
     return device
 
 
+_metas = {}         # the fields of a Meta -> the Meta: a training loop builds the same few thousand again and again
+
+
+def _meta(kind, dtype, shape, op, root, device, scales, splits):
+    key = (kind, dtype, shape, op, root, device, scales, splits)
+    meta = _metas.get(key)
+    if meta is None:
+        if len(_metas) > 65536:
+            _metas.clear()
+        meta = _metas[key] = Meta(kind=kind, dtype=dtype, shape=shape, op=op, root=root, device=device,
+                                  scales=scales, splits=splits)
+    return meta
+
+
 def _submit(kind, array, name, op=-1, root=-1, scales=(1.0, 1.0), splits=(), out=None, op_obj=None, sync=False):
     eng = state.engine()
     name = _auto_name(kind, name)
     device = _check_array(array, f"{kind} {name!r}")
     dt = dtype_name(array.dtype) if op_obj is None else check_op_dtype(op_obj, array.dtype)
-    meta = Meta(kind=kind, dtype=dt, shape=tuple(array.shape), op=int(op), root=root, device=device,
-                scales=(float(scales[0]), float(scales[1])), splits=tuple(splits))
+    meta = _meta(kind, dt, array.shape, int(op), root, device, (float(scales[0]), float(scales[1])), tuple(splits))
     ops = ops_for(device)
     handle = Handle((name,), eng.drive)
     eng.submit(Request(name, meta, (array,), (out,), handle, ops, ops.ready_event()), wake=not sync)

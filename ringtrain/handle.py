@@ -9,11 +9,12 @@ import time
 
 
 class Handle:
-    __slots__ = ("names", "_event", "_result", "_error", "_done_event", "_driver", "times")
+    __slots__ = ("names", "_done", "_event", "_result", "_error", "_done_event", "_driver", "times")
 
     def __init__(self, names, driver=None):
         self.names = names                  # tensor names this handle covers
-        self._event = threading.Event()
+        self._done = False
+        self._event = None                  # created only when a thread has to block (most waits drive instead)
         self._result = None
         self._error = None
         self._done_event = None             # CUDA event for device results, synchronised in wait()
@@ -23,33 +24,43 @@ class Handle:
     # called by whoever runs the engine
     def _set_result(self, result, done_event=None):
         self._result, self._done_event = result, done_event
-        self.times["finished"] = time.perf_counter()
-        self._event.set()
+        self._finish()
 
     def _set_error(self, error):
-        if self._event.is_set():
+        if self._done:
             return
         self._error = error
+        self._finish()
+
+    def _finish(self):
         self.times["finished"] = time.perf_counter()
-        self._event.set()
+        # order matters (and the GIL keeps it): a waiter creates the event, then re-reads _done; we set _done,
+        # then read the event -- so either the waiter sees _done or we see (and set) its event
+        self._done = True
+        event = self._event
+        if event is not None:
+            event.set()
 
     def done(self):
-        return self._event.is_set()
+        return self._done
 
     def poll(self):
         """True once the result (or an error) is available; never blocks."""
-        if not self._event.is_set():
+        if not self._done:
             return False
         return self._done_event is None or self._done_event.query()
 
     def wait(self, timeout=None):
         """Block until done and return the result, raising the collective's error on this rank if it failed."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        if not self._event.is_set() and self._driver is not None:
+        if not self._done and self._driver is not None:
             self._driver(self, deadline)
-        while not self._event.wait(0.1):
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"collective on {list(self.names[:3])} not finished after {timeout}s")
+        if not self._done:
+            if self._event is None:
+                self._event = threading.Event()
+            while not self._done and not self._event.wait(0.1):
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"collective on {list(self.names[:3])} not finished after {timeout}s")
         if self._error is not None:
             raise self._error
         if self._done_event is not None:
@@ -58,5 +69,5 @@ class Handle:
         return self._result
 
     def __repr__(self):
-        state = "done" if self._event.is_set() else "pending"
+        state = "done" if self._done else "pending"
         return f"<Handle {self.names[0] if len(self.names) == 1 else list(self.names[:2])} {state}>"
