@@ -66,9 +66,9 @@ setup(
         # ringtrain.tensorflow / ringtrain.keras (issue 12) -- one line each, so their owners never touch the same line
         "tensorflow": ["tensorflow-cpu>=2.21", "keras>=3.15"],   # GPU machines: see README
         # ringtrain.spark (issue 13)
-        "spark": [],
+        "spark": ["pyspark>=3.5", "cloudpickle"],   # barrier-mode tasks place the ranks; Java 17+ runtime needed
         # ringtrain.ray (issue 13)
-        "ray": [],
+        "ray": ["ray>=2.9", "cloudpickle"],
     },
     entry_points={"console_scripts": ["ringtrain-run = ringtrain.run:main"]},
     classifiers=[

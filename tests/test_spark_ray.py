@@ -1,0 +1,115 @@
+"""ringtrain.spark.run and ringtrain.ray.run place 2 ranks (one local Spark session and one local Ray instance,
+each shared by its tests): a small training function returns on every rank exactly what the same function returns
+under mpiexec, and a rank that fails ends the job with that rank named and no rank left running."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from ringtrain import run
+from ringtrain.launchers.task import RankFailedError
+from ringtrain.watchdog import _alive
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(REPO, "tests", "launcher_scripts")
+sys.path.insert(0, SCRIPTS)
+import train_fn  # noqa: E402  (tests/launcher_scripts/train_fn.py)
+
+cloudpickle = pytest.importorskip("cloudpickle")
+cloudpickle.register_pickle_by_value(train_fn)      # the tasks need not import the test's helper module
+ENV = {"PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1",
+       "RINGTRAIN_STALL_TIMEOUT_S": "60"}
+
+
+@pytest.fixture(scope="module")
+def mpirun_result():
+    """What the training function returns on each rank of `mpiexec -n 2 python train_fn.py`."""
+    proc = subprocess.run([run.find_mpiexec(), "-n", "2", sys.executable, os.path.join(SCRIPTS, "train_fn.py")],
+                          env=dict(os.environ, **ENV), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = sorted((json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines()
+                      if line.startswith("RESULT ")), key=lambda r: r["rank"])
+    assert [r["size"] for r in results] == [2, 2]
+    return results
+
+
+@pytest.fixture(autouse=True)
+def rank_environment(monkeypatch):
+    for name, value in ENV.items():
+        monkeypatch.setenv(name, value)
+
+
+def assert_same_training(got, want):
+    assert [(r["rank"], r["size"]) for r in got] == [(0, 2), (1, 2)]
+    for mine, theirs in zip(got, want):
+        np.testing.assert_allclose(mine["w"], theirs["w"], rtol=1e-12, atol=0)
+
+
+def assert_failure_named_and_nothing_left(error, pid_dir):
+    assert error.value.rank == 1 and "ringtrain rank 1 failed: RuntimeError: planted failure on rank 1" in \
+        str(error.value)
+    pids = [int(open(os.path.join(pid_dir, f)).read()) for f in os.listdir(pid_dir)]
+    assert pids, "no rank got as far as writing its pid"
+    deadline = time.monotonic() + 20
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if _alive(p)], "ranks left running after the failure"
+
+
+# ---- Spark ----
+
+@pytest.fixture(scope="module")
+def spark():
+    pytest.importorskip("pyspark")
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.skip("Spark needs a Java runtime")
+    from pyspark.sql import SparkSession
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    session = (SparkSession.builder.master("local[2]").appName("ringtrain-tests")
+               .config("spark.ui.enabled", "false").getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.mark.timeout(300)
+def test_spark_run_trains_like_mpirun(spark, mpirun_result):
+    import ringtrain.spark
+    assert_same_training(ringtrain.spark.run(train_fn.train, num_proc=2), mpirun_result)
+
+
+@pytest.mark.timeout(300)
+def test_spark_run_names_the_failing_rank(spark, tmp_path):
+    import ringtrain.spark
+    with pytest.raises(RankFailedError) as error:
+        ringtrain.spark.run(train_fn.train, kwargs={"fail_rank": 1, "pid_dir": str(tmp_path)}, num_proc=2)
+    assert_failure_named_and_nothing_left(error, str(tmp_path))
+
+
+# ---- Ray ----
+
+@pytest.fixture(scope="module")
+def ray_instance():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.mark.timeout(300)
+def test_ray_run_trains_like_mpirun(ray_instance, mpirun_result):
+    import ringtrain.ray
+    assert_same_training(ringtrain.ray.run(train_fn.train, num_workers=2), mpirun_result)
+
+
+@pytest.mark.timeout(300)
+def test_ray_run_names_the_failing_rank(ray_instance, tmp_path):
+    import ringtrain.ray
+    with pytest.raises(RankFailedError) as error:
+        ringtrain.ray.run(train_fn.train, kwargs={"fail_rank": 1, "pid_dir": str(tmp_path)}, num_workers=2)
+    assert_failure_named_and_nothing_left(error, str(tmp_path))
