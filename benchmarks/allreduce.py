@@ -6,6 +6,10 @@ Implementations (each skipped with a printed reason where it cannot run here):
   ringtrain-<t>      rt.allreduce(x, op=rt.Sum) through the public API with rt.init(transport=t), t in shm, mpi
                      (nccl, cuda_ipc on cupy arrays when a GPU is bound)
   ringtrain-torch-shm  ringtrain.torch.allreduce_(tensor, op=Sum): the torch binding, in place on a torch tensor
+  ringtrain-2nodes-flat / -hierarchical  rt.allreduce with the ranks split into two pretend nodes
+                     (RINGTRAIN_SIMULATE_NODES=2): the flat mpi ring vs the hierarchy (shm inside each pretend node,
+                     mpi between them), with a hierarchical/flat ratio table; on 2 ranks (1+1) the hierarchy is
+                     the flat ring plus its bookkeeping
   ringtrain-<t>-raw  the transport class alone: .allreduce on its already-packed staging buffer, no engine,
                      no pack/unpack, so API time minus raw time is what the engine costs
   MPI_Allreduce      mpi4py comm.Allreduce (bfloat16 through a user-defined numpy op: MPI has no bfloat16)
@@ -222,6 +226,26 @@ class RingtrainAPI:
 
     def stop(self):
         self.rt.shutdown()
+
+
+class RingtrainPretendNodes(RingtrainAPI):
+    """rt.allreduce on two pretend nodes: what crosses the split goes over MPI only (see ringtrain/topology.py)."""
+
+    def __init__(self, comm, hierarchical):
+        super().__init__(comm, "hierarchical(shm+mpi)" if hierarchical else "mpi")    # the name the engine reports
+        self.options = {"simulate_nodes": 2, "hierarchical": "1" if hierarchical else "0"}
+        self.name = "ringtrain-2nodes-" + ("hierarchical" if hierarchical else "flat")
+
+    def start(self):
+        if self.comm.Get_size() < 2:
+            raise Unavailable("two pretend nodes need two ranks")
+        import ringtrain as rt
+        self.rt = rt
+        rt.init(**self.options)
+        if rt.transport_name() != self.transport:
+            used = rt.transport_name()
+            rt.shutdown()
+            raise Unavailable(f"expected transport {self.transport!r}, engine chose {used!r}")
 
 
 class RingtrainTorch(RingtrainAPI):
@@ -456,6 +480,7 @@ def build_impls(comm, names):
     impls = [
         RingtrainAPI(comm, "shm"), RingtrainTorch(comm, "shm"), RawTransport(comm, "shm"),
         RingtrainAPI(comm, "mpi"), RawTransport(comm, "mpi"),
+        RingtrainPretendNodes(comm, hierarchical=False), RingtrainPretendNodes(comm, hierarchical=True),
         MPIAllreduce(comm), TorchGloo(comm), HorovodTorch(comm),
         RingtrainAPI(comm, "cuda_ipc", device="cuda"), RingtrainAPI(comm, "nccl", device="cuda"),
         NcclAllreduce(comm),
@@ -570,6 +595,10 @@ def main(argv=None):
             print()
             print(common.ratio_table(records, "MPI_Allreduce", "time_us").replace(
                 "time_us ratio", "time ratio (>1 = slower than MPI_Allreduce),"))
+        split = [r for r in records if r["impl"].startswith("ringtrain-2nodes-")]
+        if {r["impl"] for r in split} == {"ringtrain-2nodes-flat", "ringtrain-2nodes-hierarchical"}:
+            print()
+            print(common.ratio_table(split, "ringtrain-2nodes-flat", "busbw_gbps"))
         total_wrong = sum(r["wrong"] for r in records)
         print(f"\n# total #wrong: {total_wrong}; implementations: " +
               ", ".join(f"{k} ({v})" for k, v in notes.items()))

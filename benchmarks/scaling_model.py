@@ -23,6 +23,15 @@
    ringtrain projections only, not in the published comparisons (those ran Horovod / DDP).
 3. Compare with published scaling efficiencies, each projected with the hardware of its paper, and print where
    the model agrees (within --agree-points) and where it does not.
+4. Ground the hierarchical ring in measurements (--split-json: allreduce.py runs on 2, 3 and 4 ranks, whose
+   ringtrain-2nodes-flat / -hierarchical rows split the ranks into two pretend nodes): fit the flat ring's per-hop
+   alpha_e, beta_e and then the intra-node alpha_i, beta_i of the hierarchy from the 2x2 (4-rank) runs only, and
+   print measured against projected time for 2, 3 and 4 ranks, flat and hierarchical. On one machine the
+   "network" is MPI through shared memory with a link per rank (no NIC shared by a node's rings), so:
+     flat                   2(p-1) (alpha_e + S/(p B_e))
+     hierarchical           2(g-1) (alpha_i + S/(g B_i)) + k 2(n-1) (alpha_e + S/(b n B_e))
+   with g ranks on the largest node, b = g blocks, n nodes, and k = b / (ranks on the smallest node) blocks owned
+   by the busiest rank, which runs its cross-node rings one after the other (3 ranks as 2+1: k = 2).
 All hardware figures and compute times are inputs (flags), not measurements; the printout says which are which.
 """
 import argparse
@@ -97,6 +106,92 @@ def fit_alpha_beta(records):
     return fits
 
 
+# ---------------------------------------------------------------- the hierarchy on pretend nodes
+
+SPLIT_FLAT, SPLIT_HIERARCHICAL = "ringtrain-2nodes-flat", "ringtrain-2nodes-hierarchical"
+
+
+def pretend_layout(ranks, nodes=2):
+    """Ranks per pretend node, largest first (ringtrain.topology.pretend_node: contiguous, as even as possible)."""
+    nodes = min(nodes, ranks)
+    return [ranks // nodes + (1 if i < ranks % nodes else 0) for i in range(nodes)]
+
+
+def split_seconds(kind, ranks, nbytes, fit):
+    """Projected allreduce time on `ranks` ranks split into two pretend nodes (see the module docstring, item 4)."""
+    if ranks <= 1:
+        return 0.0
+    if kind == "flat":
+        return 2 * (ranks - 1) * (fit["alpha_e_s"] + nbytes / (ranks * fit["bandwidth_e"]))
+    layout = pretend_layout(ranks)
+    g, n, blocks = layout[0], len(layout), layout[0]
+    k = -(-blocks // layout[-1])
+    intra = 2 * (g - 1) * (fit["alpha_i_s"] + nbytes / (g * fit["bandwidth_i"])) if g > 1 else 0.0
+    cross = k * 2 * (n - 1) * (fit["alpha_e_s"] + nbytes / (blocks * n * fit["bandwidth_e"])) if n > 1 else 0.0
+    return intra + cross
+
+
+def _nnls_relative(columns, times):
+    """Non-negative x minimising the relative error of columns @ x against times."""
+    design = np.stack(columns, axis=1) / times[:, None]
+    x, _ = scipy.optimize.nnls(design, np.ones_like(times))
+    return x
+
+
+def fit_split(records, fit_ranks=4):
+    """alpha_e, B_e from the flat rows and then alpha_i, B_i from the hierarchical rows, both at fit_ranks (2x2)."""
+    def points(impl):
+        rows = [(r["bytes"], r["time_us"] * 1e-6) for r in records
+                if r["impl"] == impl and r["ranks"] == fit_ranks and r["dtype"] == "float32" and r["time_us"] > 0]
+        if len(rows) < 2:
+            raise ValueError(f"need >= 2 float32 sizes of {impl} at {fit_ranks} ranks to fit, got {len(rows)}")
+        return np.array([b for b, _ in rows], dtype=float), np.array([t for _, t in rows])
+
+    sizes, times = points(SPLIT_FLAT)
+    hops = 2 * (fit_ranks - 1)
+    alpha, per_byte = _nnls_relative([np.full_like(sizes, hops), sizes * hops / fit_ranks], times)
+    fit = {"fit_ranks": fit_ranks, "alpha_e_s": alpha, "bandwidth_e": 1 / max(per_byte, 1e-15),
+           "alpha_i_s": 0.0, "bandwidth_i": float("inf")}
+    sizes, times = points(SPLIT_HIERARCHICAL)
+    cross = np.array([split_seconds("hierarchical", fit_ranks, s, fit) for s in sizes])
+    g = pretend_layout(fit_ranks)[0]
+    rest = np.maximum(times - cross, 1e-3 * times)        # what the intra-node steps leave of the measured time
+    alpha_i, per_byte_i = _nnls_relative([np.full_like(sizes, 2 * (g - 1)), sizes * 2 * (g - 1) / g], rest)
+    fit.update(alpha_i_s=alpha_i, bandwidth_i=1 / max(per_byte_i, 1e-15))
+    return fit
+
+
+def split_comparison(records, fit):
+    """[{ranks, layout, kind, bytes, measured_us, projected_us}] for every pretend-node row with a projection."""
+    kinds = {SPLIT_FLAT: "flat", SPLIT_HIERARCHICAL: "hierarchical"}
+    out = []
+    for r in records:
+        if r["impl"] in kinds and r["dtype"] == "float32":
+            projected = split_seconds(kinds[r["impl"]], r["ranks"], r["bytes"], fit)
+            out.append({"ranks": r["ranks"], "layout": "+".join(map(str, pretend_layout(r["ranks"]))),
+                        "kind": kinds[r["impl"]], "bytes": r["bytes"], "measured_us": r["time_us"],
+                        "projected_us": 1e6 * projected, "fitted_on": r["ranks"] == fit["fit_ranks"]})
+    return sorted(out, key=lambda c: (c["ranks"], c["kind"], c["bytes"]))
+
+
+def print_split(records, sources):
+    fit = fit_split(records)
+    print(f"# pretend nodes (measured: {', '.join(sources)}); fitted on the {fit['fit_ranks']}-rank (2x2) runs:")
+    print(f"#   across nodes (flat rows):  alpha_e {1e6 * fit['alpha_e_s']:.1f} us/hop, "
+          f"B_e {fit['bandwidth_e'] / GB:.2f} GB/s per link")
+    print(f"#   inside a node (hierarchical rows minus their cross-node part): alpha_i {1e6 * fit['alpha_i_s']:.1f} "
+          f"us/hop, B_i {fit['bandwidth_i'] / GB:.2f} GB/s")
+    rows = []
+    for c in split_comparison(records, fit):
+        rows.append([c["ranks"], c["layout"], c["kind"], common.human_bytes(c["bytes"]), f"{c['measured_us']:.0f}",
+                     f"{c['projected_us']:.0f}", f"{c['projected_us'] / c['measured_us']:.2f}",
+                     "fit" if c["fitted_on"] else "check"])
+    print(common.format_table(["ranks", "nodes", "allreduce", "size", "measured_us", "projected_us", "proj/meas",
+                               "role"], rows, title="measured vs projected on pretend nodes"))
+    print()
+    return fit
+
+
 # ---------------------------------------------------------------- projection
 
 def comm_seconds(algorithm, ranks, per_node, nbytes, hw):
@@ -157,6 +252,8 @@ def rank_ladder(max_ranks):
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--allreduce-json", help="records written by benchmarks/allreduce.py")
+    parser.add_argument("--split-json", nargs="+", default=[],
+                        help="allreduce.py records on 2, 3 and 4 ranks with the ringtrain-2nodes-* rows (item 4)")
     parser.add_argument("--json")
     parser.add_argument("--png")
     parser.add_argument("--quick", action="store_true", help="accepted for symmetry; the model is already fast")
@@ -195,6 +292,14 @@ def main(argv=None):
                                    "max_fit_err"], rows,
                                   title=f"alpha-beta fit per implementation (measured: {args.allreduce_json})"))
         print()
+    split_fit, split_rows = None, []
+    if args.split_json:
+        split_records = []
+        for path in args.split_json:
+            loaded = common.read_json(path)
+            split_records += loaded.get("records", []) if isinstance(loaded, dict) else loaded
+        split_fit = print_split(split_records, args.split_json)
+        split_rows = split_comparison(split_records, split_fit)
     engine_overhead_s = fits.get(args.engine_impl, {}).get("engine_overhead_us", 0.0) * 1e-6
     hw = hardware(args)
     fusion = args.fusion_mb * (1 << 20)
@@ -237,7 +342,8 @@ def main(argv=None):
     if args.json:
         common.write_json(args.json, {"machine": common.machine_info(), "fits": list(fits.values()),
                                       "inputs": vars(args), "projections": projections,
-                                      "published": comparisons})
+                                      "published": comparisons, "pretend_nodes_fit": split_fit,
+                                      "pretend_nodes": split_rows})
     if args.png:
         plot(projections, comparisons, args, fusion, args.png)
     return 0

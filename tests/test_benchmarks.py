@@ -197,3 +197,28 @@ def test_common_helpers():
     assert common.median([3, 1, 2]) == 2 and common.median([4, 1, 2, 3]) == 2.5
     assert common.geometric_mean([1, 4]) == pytest.approx(2.0)
     assert np.isnan(common.geometric_mean([]))
+
+
+def test_pretend_node_fit_recovers_known_costs_and_projects_other_rank_counts():
+    """Records generated from known alpha/B on 2, 3 and 4 ranks: the 2x2 fit recovers them, and the 2- and 3-rank
+    rows (not fitted on) are projected exactly; 3 ranks as 2+1 make the lone rank run two cross-node rings."""
+    truth = {"alpha_e_s": 30e-6, "bandwidth_e": 2e9, "alpha_i_s": 5e-6, "bandwidth_i": 8e9}
+    records = [{"impl": impl, "ranks": p, "bytes": s, "dtype": "float32",
+                "time_us": 1e6 * scaling_model.split_seconds(kind, p, s, truth)}
+               for p in (2, 3, 4) for s in common.size_ladder(4096, 64 << 20)
+               for impl, kind in ((scaling_model.SPLIT_FLAT, "flat"), (scaling_model.SPLIT_HIERARCHICAL,
+                                                                        "hierarchical"))]
+    fit = scaling_model.fit_split(records)
+    for key, value in truth.items():
+        assert fit[key] == pytest.approx(value, rel=1e-6), key
+    rows = scaling_model.split_comparison(records, fit)
+    assert {(r["ranks"], r["layout"]) for r in rows} == {(2, "1+1"), (3, "2+1"), (4, "2+2")}
+    for r in rows:
+        assert r["projected_us"] == pytest.approx(r["measured_us"], rel=1e-6)
+    # 2+1: intra ring of 2, then two 2-rank rings of S/2 each on the lone rank
+    s = 1e6
+    assert scaling_model.split_seconds("hierarchical", 3, s, truth) == pytest.approx(
+        2 * (5e-6 + s / (2 * 8e9)) + 2 * 2 * (30e-6 + s / (2 * 2 * 2e9)))
+    # 1+1: the hierarchy is the flat ring
+    assert scaling_model.split_seconds("hierarchical", 2, s, truth) == pytest.approx(
+        scaling_model.split_seconds("flat", 2, s, truth))
