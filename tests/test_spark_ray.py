@@ -61,10 +61,9 @@ def assert_failure_named_and_nothing_left(error, pid_dir):
     assert not [p for p in pids if _alive(p)], "ranks left running after the failure"
 
 
-# ---- Spark ----
+# ---- one local Spark session, then one local Ray instance, each shared by both tests ----
 
-@pytest.fixture(scope="module")
-def spark():
+def _spark_session():
     pytest.importorskip("pyspark")
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.skip("Spark needs a Java runtime")
@@ -73,43 +72,32 @@ def spark():
     session = (SparkSession.builder.master("local[2]").appName("ringtrain-tests")
                .config("spark.ui.enabled", "false").getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
-
-
-@pytest.mark.timeout(300)
-def test_spark_run_trains_like_mpirun(spark, mpirun_result):
     import ringtrain.spark
-    assert_same_training(ringtrain.spark.run(train_fn.train, num_proc=2), mpirun_result)
+    return (lambda fn, **kwargs: ringtrain.spark.run(fn, kwargs=kwargs, num_proc=2)), session.stop
 
 
-@pytest.mark.timeout(300)
-def test_spark_run_names_the_failing_rank(spark, tmp_path):
-    import ringtrain.spark
-    with pytest.raises(RankFailedError) as error:
-        ringtrain.spark.run(train_fn.train, kwargs={"fail_rank": 1, "pid_dir": str(tmp_path)}, num_proc=2)
-    assert_failure_named_and_nothing_left(error, str(tmp_path))
-
-
-# ---- Ray ----
-
-@pytest.fixture(scope="module")
-def ray_instance():
+def _ray_instance():
     ray = pytest.importorskip("ray")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield ray
-    ray.shutdown()
+    import ringtrain.ray
+    return (lambda fn, **kwargs: ringtrain.ray.run(fn, kwargs=kwargs, num_workers=2)), ray.shutdown
+
+
+@pytest.fixture(scope="module", params=["spark", "ray"])
+def place(request):
+    """run(fn, **kwargs) on 2 ranks placed by Spark or Ray."""
+    run_on_two, stop = {"spark": _spark_session, "ray": _ray_instance}[request.param]()
+    yield run_on_two
+    stop()
 
 
 @pytest.mark.timeout(300)
-def test_ray_run_trains_like_mpirun(ray_instance, mpirun_result):
-    import ringtrain.ray
-    assert_same_training(ringtrain.ray.run(train_fn.train, num_workers=2), mpirun_result)
+def test_trains_like_mpirun(place, mpirun_result):
+    assert_same_training(place(train_fn.train), mpirun_result)
 
 
 @pytest.mark.timeout(300)
-def test_ray_run_names_the_failing_rank(ray_instance, tmp_path):
-    import ringtrain.ray
+def test_failing_rank_is_named_and_no_rank_is_left_running(place, tmp_path):
     with pytest.raises(RankFailedError) as error:
-        ringtrain.ray.run(train_fn.train, kwargs={"fail_rank": 1, "pid_dir": str(tmp_path)}, num_workers=2)
+        place(train_fn.train, fail_rank=1, pid_dir=str(tmp_path))
     assert_failure_named_and_nothing_left(error, str(tmp_path))
