@@ -26,8 +26,10 @@ the hierarchy does not reduce what crosses the network (a flat ring's node-bound
 byte once per direction, which is what a leader-based scheme carries too), so the simpler path is kept.
 AVERAGE arrives as SUM (transports/base.py); the engine scales.
 """
+import numpy as np
 from mpi4py import MPI
 
+from ..ops import scale_into
 from .base import Transport, even_counts, offsets
 from . import transport_class
 
@@ -76,6 +78,14 @@ class HierarchicalTransport(Transport):
         for block, transport in self.cross:
             transport.allreduce(buf[starts[block]: starts[block] + blocks[block]], op)
         self.intra.allgather(buf, intra_counts)
+
+    def allreduce_out(self, src, dst, op, scale=1.0):
+        """Copy src into our region of the node window, run all three steps there without further copies, and
+        write the scaled result out in one pass (the base class copies src to dst, and shm then copies again)."""
+        buf = self.staging_buffer(src.nbytes).view(src.dtype)     # larger than the region: shm works in chunks
+        np.copyto(buf, src)
+        self.allreduce(buf, op)
+        scale_into(dst, buf, scale)
 
     def reducescatter(self, buf, counts, op):
         self.flat.reducescatter(buf, counts, op)

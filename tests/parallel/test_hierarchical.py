@@ -160,3 +160,28 @@ def test_choice_under_the_split_never_gives_shm_a_second_node():
             flat.close()
     finally:
         topology.free()
+
+
+@pytest.mark.parametrize("fusion_threshold", [256, 1 << 20], ids=["chunked", "in-region"])
+def test_allreduce_out_scales_into_dst_and_leaves_src(fusion_threshold):
+    """What the engine calls for one array: dst <- scale * allreduce(src), src untouched; also in place."""
+    comm = MPI.COMM_WORLD
+    topology = Topology(comm, simulate_nodes=2)
+    t = HierarchicalTransport(topology, Config(segment_bytes=4096, fusion_threshold=fusion_threshold), Watchdog())
+    wrong = Mismatches()
+    try:
+        for op, dtype_name, size in [(ReduceOp.SUM, "float32", 30011), (ReduceOp.MAX, "int32", 7),
+                                     (ReduceOp.SUM, "float64", 0)]:
+            inputs = rank_inputs(size, dtype_name, op, 15, comm.size)
+            src = inputs[comm.rank].copy()
+            dst = np.full(size, 99, DTYPES[dtype_name])
+            t.allreduce_out(src, dst, op, 0.5 if dtype_name.startswith("float") else 1.0)
+            factor = 0.5 if dtype_name.startswith("float") else 1.0
+            wrong.check(dst, reference(inputs, op) * factor, f"allreduce_out {op.name} {dtype_name} n={size}")
+            wrong.check(src, inputs[comm.rank].astype(np.float64), f"src after allreduce_out {dtype_name}")
+            t.allreduce_out(src, src, op)
+            wrong.check(src, reference(inputs, op), f"in-place allreduce_out {op.name} {dtype_name}")
+        wrong.assert_none()
+    finally:
+        t.close()
+        topology.free()
