@@ -178,3 +178,21 @@ def test_zero_copy_view_of_eager_tensor():
     t = arrays.to_tensor(out)
     out[0, 0] = 5.0                       # the tensor wraps `out` itself (DLPack), so it sees the write
     assert float(t[0, 0]) == 5.0
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode", MODES)
+def test_broadcast_into_variables(mode):
+    n, r = hvd.size(), hvd.rank()
+    root = n - 1
+    single = tf.Variable(tf.fill([3], float(r)))
+    several = [tf.Variable(tf.fill([k + 1], float(r) * 10)) for k in range(3)] + [tf.Variable(r, dtype=tf.int64)]
+
+    def go():
+        hvd.broadcast_(single, root, name=f"bcv.{mode}")
+        hvd.broadcast_variables(several, root, prefix=f"bcvs.{mode}")
+    run(mode, go)
+    np.testing.assert_array_equal(single.numpy(), [root] * 3)
+    for k in range(3):
+        np.testing.assert_array_equal(several[k].numpy(), [root * 10] * (k + 1))
+    assert int(several[3].numpy()) == root

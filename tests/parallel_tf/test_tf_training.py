@@ -194,3 +194,29 @@ def test_xla_without_a_ringtrain_callback_fails_with_the_fix():
         warnings.simplefilter("ignore")
         with pytest.raises(RingtrainError, match="jit_compile=False"):
             model.fit(shard(x), shard(y), batch_size=BATCH_PER_RANK, epochs=1, verbose=0)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_learning_rate_warmup_and_schedule():
+    n = hvd.size()
+    model = make_model()
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=LOSS)
+    warmup = hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.8, warmup_epochs=2, steps_per_epoch=4)
+    warmup.set_model(model)
+    warmup.on_epoch_begin(0)
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.8 / n)            # starts at lr / size
+    warmup.on_train_batch_begin(2)                                                   # epoch 0.5 of 2
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.8 / n * (0.5 * (n - 1) / 2 + 1))
+    schedule = hvd.callbacks.LearningRateScheduleCallback(0.8, lambda epoch: 0.1 ** epoch, start_epoch=1)
+    schedule.set_model(model)
+    schedule.on_epoch_begin(2)
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.8 * 0.01)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_only_rank_zero_writes_and_prints(capsys):
+    marker = object()
+    assert hvd.rank_zero_only(marker) == ([marker] if hvd.rank() == 0 else [])
+    assert hvd.verbose(2) == (2 if hvd.rank() == 0 else 0)
+    hvd.print0("hello from rank zero")
+    assert ("hello from rank zero" in capsys.readouterr().out) == (hvd.rank() == 0)
