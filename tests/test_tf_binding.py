@@ -69,3 +69,16 @@ def test_gpu_dlpack_path_needs_a_gpu(tf):
     view = arrays.to_array(x)
     assert type(view).__module__.startswith("cupy")
     np.testing.assert_array_equal(arrays.to_tensor(view * 2).numpy(), np.arange(8) * 2)
+
+
+def test_pack_copies_into_aligned_views(tf):
+    from ringtrain.tensorflow.arrays import TF_ALIGNMENT
+    from ringtrain.tensorflow.gradients import pack
+    arrays = [np.arange(6, dtype=np.float32).reshape(2, 3), np.array(5.0, np.float32), np.ones(17, np.float32)]
+    flat, views = pack(arrays)
+    for array, view in zip(arrays, views):
+        assert view.shape == array.shape and np.shares_memory(view, flat)
+        assert view.ctypes.data % TF_ALIGNMENT == 0
+        np.testing.assert_array_equal(view, array)
+    flat[...] = -1                                   # the allreduce writes into flat: the views see it
+    assert all((v == -1).all() for v in views)
