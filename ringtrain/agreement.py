@@ -22,6 +22,11 @@ same snapshot, so every rank computes the same decision with no message:
     handling (and their messages) are the Coordinator's.
 Why two parities suffice: a peer can write slot (c % 2) again only in cycle c + 2, which it can enter only after
 this rank published c + 1, i.e. after this rank finished reading cycle c.
+
+Eager small allreduces: a slot also carries the data of this rank's lowest pending small host allreduce (<= 64 KB,
+one array, no prescale) and its id. When the lowest ready id is such an allreduce and EVERY rank published that id,
+every rank reduces the published copies in rank order (bitwise the same result everywhere) straight into its
+output during the cycle: the agreement barrier is the only synchronisation a small allreduce pays.
 A rank enters the next cycle when it has something new, when a peer has entered it (the engine thread looks at
 the peers' cycle numbers even while idle), or, on rank 0, when the Coordinator's stall check is due. Nothing new
 anywhere means nobody cycles: no busy loop.
@@ -32,6 +37,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from . import ops
 from .errors import StallError
 from .negotiation import CACHE_CAPACITY, SAME_EVERYWHERE, Action, Coordinator, fuse_allreduces
 
@@ -148,6 +154,8 @@ _COORDINATOR_BUSY = 2       # rank 0: the Coordinator still holds undecided requ
 _WORDS = CACHE_CAPACITY // 64
 _SLOT = 1 + _WORDS          # int64 words: flags, bitmap
 _LINE = 64
+EAGER_BYTES = 64 << 10      # small allreduces travel with the cycle: [id, nbytes] + data per parity
+_EAGER_SLOT = _LINE + EAGER_BYTES
 HANDOVER_S = 0.5            # a cached request not ready everywhere for this long goes to the Coordinator, which
                             # names the missing ranks in its stall warnings and errors
 
@@ -166,15 +174,20 @@ class SharedWindowAgreement(CoordinatorAgreement):
         self._handed = []                # items held for the next slow cycle
         self._dirty = False              # something new since the last cycle
         self._cycle = 0
-        per_rank = -(-(8 + 2 * _SLOT * 8) // _LINE) * _LINE
+        control = -(-(8 + 2 * _SLOT * 8) // _LINE) * _LINE
+        per_rank = control + 2 * _EAGER_SLOT
         self._win = MPI.Win.Allocate_shared(per_rank, 1, comm=node)
         self._win.Lock_all(MPI.MODE_NOCHECK)
         views = []
         for p in range(self.size):
             mem, _ = self._win.Shared_query(p)
-            views.append(np.frombuffer(mem, dtype=np.int64, count=per_rank // 8))
-        self._seqs = [v[0:1] for v in views]                 # cycle number of each rank
-        self._slots = [(v[1:1 + _SLOT], v[1 + _SLOT:1 + 2 * _SLOT]) for v in views]
+            views.append(np.frombuffer(mem, dtype=np.uint8, count=per_rank))
+        words = [v[:control].view(np.int64) for v in views]
+        self._seqs = [w[0:1] for w in words]                 # cycle number of each rank
+        self._slots = [(w[1:1 + _SLOT], w[1 + _SLOT:1 + 2 * _SLOT]) for w in words]
+        self._eager_slots = [(v[control:control + _EAGER_SLOT], v[control + _EAGER_SLOT:control + 2 * _EAGER_SLOT])
+                             for v in views]
+        self._eager = {}                 # id -> Request that may travel eagerly (small host allreduce)
         views[self.rank][:] = 0
         self._peers = [p for p in range(self.size) if p != self.rank]
         self._win.Sync()
@@ -187,6 +200,8 @@ class SharedWindowAgreement(CoordinatorAgreement):
         cid = self.cache.get(key)
         if cid is not None and req.meta.kind in SAME_EVERYWHERE:
             self._ids[cid] = key
+            if _eager_candidate(req):
+                self._eager[cid] = req
             self._ready |= 1 << cid
             self._ready_since[cid] = time.monotonic()
         else:
@@ -226,6 +241,7 @@ class SharedWindowAgreement(CoordinatorAgreement):
         slot = self._slots[self.rank][parity]
         slot[0] = flags
         slot[1:] = np.frombuffer(self._ready.to_bytes(_WORDS * 8, "little"), dtype=np.int64)
+        self._publish_eager(parity)
         self._win.Sync()
         self._seqs[self.rank][0] = c
         self._wait_for_peers(c)
@@ -240,7 +256,7 @@ class SharedWindowAgreement(CoordinatorAgreement):
                 ready &= int.from_bytes(theirs[1:].tobytes(), "little")
         if any_flags:
             return self._slow_cycle(c)
-        return self._fast_actions(ready)
+        return self._fast_actions(ready, parity)
 
     def _wait_for_peers(self, c):
         seqs, waiting = self._seqs, list(self._peers)
@@ -259,9 +275,46 @@ class SharedWindowAgreement(CoordinatorAgreement):
             raise StallError(f"rank {self.rank}: ranks {sorted(waiting)} did not reach agreement cycle {c} within "
                              f"{timeout:g} s (their engines stopped answering)") from None
 
-    def _fast_actions(self, ready):
-        """The ids ready on every rank, in id order: single actions first, then allreduces fused into buckets."""
+    def _publish_eager(self, parity):
+        """Our lowest pending eager-able request's id and data into this cycle's eager slot (or id -1)."""
+        header = self._eager_slots[self.rank][parity][:16].view(np.int64)
+        if not self._eager:
+            header[0] = -1
+            return
+        cid = min(self._eager)
+        array = self._eager[cid].arrays[0]
+        header[0], header[1] = cid, array.nbytes
+        self._eager_slots[self.rank][parity][_LINE:_LINE + array.nbytes].view(array.dtype).reshape(array.shape)[...] \
+            = array
+
+    def _run_eager(self, cid, parity):
+        """If every rank published `cid`, reduce the published copies into our output; True when done."""
+        req = self._eager.get(cid)
+        if req is None:
+            return False
+        nbytes = req.arrays[0].nbytes
+        for p in range(self.size):
+            header = self._eager_slots[p][parity][:16].view(np.int64)
+            if header[0] != cid or header[1] != nbytes:
+                return False
+        meta, out = req.meta, req.outs[0].reshape(-1)
+        dtype = out.dtype
+        data = [self._eager_slots[p][parity][_LINE:_LINE + nbytes].view(dtype) for p in range(self.size)]
+        ufunc = ops.UFUNCS[meta.op]
+        ufunc(data[0], data[1], out=out)
+        for p in range(2, self.size):
+            ufunc(out, data[p], out=out)
+        postscale = meta.scales[1]
+        scale = postscale / self.size if meta.op == ops.ReduceOp.AVERAGE else postscale
+        if scale != 1.0:
+            ops.scale_into(out, out, scale)
+        return True
+
+    def _fast_actions(self, ready, parity):
+        """The ids ready on every rank, in id order: single actions first, then allreduces fused into buckets.
+        The lowest ready id may already have been reduced eagerly from the slots (Action extra ("eager",))."""
         singles, allreduces = [], []
+        first = True
         while ready:
             low = ready & -ready
             cid = low.bit_length() - 1
@@ -269,7 +322,12 @@ class SharedWindowAgreement(CoordinatorAgreement):
             self._ready &= ~low
             del self._ready_since[cid]
             name, meta = self._ids[cid]
-            if meta.kind == "allreduce":
+            eager = first and self._run_eager(cid, parity)
+            first = False
+            self._eager.pop(cid, None)
+            if eager:
+                singles.append(Action("allreduce", (name,), (meta,), extra=("eager",)))
+            elif meta.kind == "allreduce":
                 allreduces.append((name, meta))
             else:
                 singles.append(Action(meta.kind, (name,), (meta,)))
@@ -278,7 +336,7 @@ class SharedWindowAgreement(CoordinatorAgreement):
     def _slow_cycle(self, c):
         """Everyone hands everything it holds to rank 0's Coordinator and runs what it sends back."""
         items = [cid for cid in self._ids_in(self._ready)] + self._handed
-        self._ready, self._ready_since, self._handed = 0, {}, []
+        self._ready, self._ready_since, self._handed, self._eager = 0, {}, [], {}
         if self.rank == 0:
             self._coordinate_items(0, items)
             pending = set(self._peers)
@@ -340,10 +398,16 @@ class SharedWindowAgreement(CoordinatorAgreement):
     def close(self):
         """Collective over the node: frees the window."""
         if self._win is not None:
-            self._seqs = self._slots = None
+            self._seqs = self._slots = self._eager_slots = None
             self._win.Unlock_all()
             self._win.Free()
             self._win = None
+
+
+def _eager_candidate(req):
+    meta = req.meta
+    return (meta.kind == "allreduce" and meta.device == "cpu" and len(req.arrays) == 1 and meta.scales[0] == 1.0
+            and req.outs[0] is not None and 0 < req.arrays[0].nbytes <= EAGER_BYTES)
 
 
 def make_agreement(topology, ctrl, config, watchdog):

@@ -71,3 +71,41 @@ def test_a_grouped_allreduce_is_one_request():
     assert not eng.requests
     for k, r in enumerate(results):
         np.testing.assert_array_equal(r, np.full(k + 1, sum(rank + k for rank in range(rt.size())), np.float32))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int32", "int64", "uint8", "bfloat16"])
+@pytest.mark.parametrize("op", ["Sum", "Average", "Min", "Max", "Product"])
+def test_repeated_small_allreduce_reduces_eagerly_in_the_agreement_cycle(dtype, op, monkeypatch):
+    """The second call of a cached small allreduce travels with the agreement cycle (no transport call) and must
+    still equal numpy: distinct per-rank inputs, every op, in place and out of place."""
+    from ringtrain import agreement as agreement_module
+    from ringtrain.ops import DTYPES
+    if getattr(rt, op) is rt.Product and dtype in ("uint8", "float16", "bfloat16"):
+        pytest.skip("products of small integers overflow uint8 / lose precision in 16-bit floats")
+    monkeypatch.setattr(agreement_module, "HANDOVER_S", 60.0)
+    transport = state.engine().transport_name() == "shm" and state.engine().executor.transport("cpu")
+    calls = []
+    if transport:
+        original = transport.allreduce_out
+        monkeypatch.setattr(transport, "allreduce_out", lambda *a, **k: calls.append(a) or original(*a, **k))
+    np_type = DTYPES[dtype]
+    inputs = [(np.arange(37) % 5 + r + 1).astype(np_type) for r in range(rt.size())]
+    mine = inputs[rt.rank()]
+    want = {"Sum": sum(i.astype(np.float64) for i in inputs),
+            "Average": sum(i.astype(np.float64) for i in inputs) / rt.size(),
+            "Min": np.minimum.reduce([i.astype(np.float64) for i in inputs]),
+            "Max": np.maximum.reduce([i.astype(np.float64) for i in inputs]),
+            "Product": np.prod([i.astype(np.float64) for i in inputs], axis=0)}[op]
+    if op == "Average" and np.issubdtype(np_type, np.integer):
+        want = np.floor(want)
+    name = f"eager.{dtype}.{op}"
+    for call in range(3):                       # first sighting (slow cycle), then cached (eager)
+        out = rt.allreduce(mine, op=getattr(rt, op), name=name)
+        np.testing.assert_allclose(out.astype(np.float64), want, rtol=1e-2 if dtype in ("float16", "bfloat16")
+                                   else 1e-6, err_msg=f"call {call}")
+        inplace = mine.copy()
+        rt.allreduce(inplace, op=getattr(rt, op), name=name + ".inplace", out=inplace)
+        np.testing.assert_array_equal(inplace, out)
+    if transport:
+        # the first sightings reach the transport (2 names); the 4 cached calls must not
+        assert len(calls) == 2, f"rank {rt.rank()}: {len(calls)} transport calls for 2 names called 3 times each"
