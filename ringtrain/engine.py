@@ -111,6 +111,12 @@ class Engine:
     def timeline(self):
         return self.executor.timeline
 
+    @timeline.setter
+    def timeline(self, timeline):
+        """ringtrain.start_timeline() swaps in a new file at run time (never None: a stopped one is closed instead,
+        and a closed Timeline ignores events, so whichever thread runs the engine may keep calling it)."""
+        self.executor.timeline = timeline
+
     @property
     def stats(self):
         return self.executor.stats
