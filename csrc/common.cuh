@@ -20,7 +20,9 @@ typedef unsigned long long u64;
     X(int8, signed char) \
     X(uint8, unsigned char) \
     X(int32, int) \
-    X(int64, long long)
+    X(int64, long long) \
+    X(int16, short) \
+    X(uint16, unsigned short)
 
 // Math<T>::acc is the type arithmetic happens in. 16-bit floats widen to float, exactly as numpy and
 // ml_dtypes compute float16/bfloat16 ufuncs (compute in float32, round once), so results match the reference.
@@ -46,7 +48,7 @@ template <> struct Math<__nv_bfloat16> {
 __device__ __forceinline__ float scale_value(float x, double s, i64) { return x * (float)s; }
 __device__ __forceinline__ double scale_value(double x, double s, i64) { return x * s; }
 // Division in the narrowest type that holds the value: 64-bit integer division is many times slower
-// than 32-bit on the GPU, and int8/int32 never need it.
+// than 32-bit on the GPU, and int8/int16/int32 never need it.
 template <typename I> struct Wide { typedef int type; };
 template <> struct Wide<long long> { typedef long long type; };
 // 8-bit values (|x| < 2**24) floor-divide exactly in float: a correctly rounded quotient never crosses an
@@ -65,13 +67,15 @@ template <typename I> __device__ __forceinline__ I scale_signed(I x, double s, i
     return (I)((double)x * s);
 }
 template <typename I> __device__ __forceinline__ I scale_unsigned(I x, double s, i64 d) {
-    if (d > 1) return (I)__fdiv_rz((float)x, (float)d);   // only uint8 gets here; exact as floor_div_small
+    if (d > 1) return (I)__fdiv_rz((float)x, (float)d);   // uint8/uint16 (< 2**24): exact as floor_div_small
     return (I)((double)x * s);
 }
 __device__ __forceinline__ signed char scale_value(signed char x, double s, i64 d) { return scale_signed(x, s, d); }
 __device__ __forceinline__ int scale_value(int x, double s, i64 d) { return scale_signed(x, s, d); }
 __device__ __forceinline__ long long scale_value(long long x, double s, i64 d) { return scale_signed(x, s, d); }
 __device__ __forceinline__ unsigned char scale_value(unsigned char x, double s, i64 d) { return scale_unsigned(x, s, d); }
+__device__ __forceinline__ short scale_value(short x, double s, i64 d) { return scale_signed(x, s, d); }
+__device__ __forceinline__ unsigned short scale_value(unsigned short x, double s, i64 d) { return scale_unsigned(x, s, d); }
 
 // The thread's position in a 1-D grid-stride loop over the x dimension (y is left free for batching).
 struct GridStride {

@@ -8,13 +8,15 @@ The torch binding (Horovod names, DistributedOptimizer) is ringtrain.torch.
 """
 from . import errors
 from .collectives import (allgather, allgather_async, allgather_object, allreduce, allreduce_async, alltoall,
-                          alltoall_async, barrier, broadcast, broadcast_async, broadcast_object, grouped_allreduce,
-                          grouped_allreduce_async, join, poll, reducescatter, reducescatter_async, synchronize)
+                          alltoall_async, barrier, broadcast, broadcast_async, broadcast_object, grouped_allgather,
+                          grouped_allgather_async, grouped_allreduce, grouped_allreduce_async, grouped_reducescatter,
+                          grouped_reducescatter_async, join, poll, reducescatter, reducescatter_async, synchronize)
 from .errors import (NotInitializedError, RankFailureError, RingtrainError, ShutdownError, StallError,
-                     TensorMismatchError, TransportError, UnsupportedDtypeError)
+                     TensorMismatchError, TransportError, UnsupportedDtypeError, UnsupportedOperationError)
 from .handle import Handle
+from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .ops import Average, Max, Min, Product, ReduceOp, Sum, bfloat16
-from .state import (config, cross_rank, cross_size, gpu_device, init, is_initialized, local_rank, local_size, rank,
-                    shutdown, size, transport_name)
+from .state import (config, cross_rank, cross_size, gpu_device, init, is_homogeneous, is_initialized, local_rank,
+                    local_size, rank, shutdown, size, start_timeline, stop_timeline, transport_name)
 
 __version__ = "0.1.0"

@@ -14,7 +14,13 @@ from .handle import Handle
 from .names import auto_name as _auto_name
 from .negotiation import Meta
 from .ops import Average, as_op, check_op_dtype, dtype_name
+from .process_sets import route
 from .request import Request
+
+
+def _name(kind, name, to):
+    """Auto names count per process set (a set's members agree on them whatever else each of them runs)."""
+    return _auto_name(kind if to.process_set_id == 0 else f"{kind}.set{to.process_set_id}", name)
 
 
 def _device_of(array):
@@ -48,9 +54,12 @@ def _meta(kind, dtype, shape, op, root, device, scales, splits):
     return meta
 
 
-def _submit(kind, array, name, op=-1, root=-1, scales=(1.0, 1.0), splits=(), out=None, op_obj=None, sync=False):
-    eng = state.engine()
-    name = _auto_name(kind, name)
+def _submit(kind, array, name, op=-1, root=-1, scales=(1.0, 1.0), splits=(), out=None, op_obj=None, sync=False,
+            to=None):
+    """Queue one request to the engine of route `to` (default: the world's; see process_sets.route)."""
+    to = to if to is not None else route(None)
+    eng = to.engine
+    name = _name(kind, name, to)
     device = _check_array(array, f"{kind} {name!r}")
     dt = dtype_name(array.dtype) if op_obj is None else check_op_dtype(op_obj, array.dtype)
     meta = _meta(kind, dt, array.shape, int(op), root, device, (float(scales[0]), float(scales[1])), tuple(splits))
@@ -61,42 +70,48 @@ def _submit(kind, array, name, op=-1, root=-1, scales=(1.0, 1.0), splits=(), out
 
 
 # ------------------------------------------------------------------------------------------------ allreduce
-def allreduce_async(array, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0, out=None):
-    """Reduce `array` over all ranks. `out=array` reduces in place. Average divides by size() (integers: floor)."""
-    return _allreduce(array, op, name, prescale_factor, postscale_factor, out, sync=False)
+def allreduce_async(array, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0, out=None,
+                    process_set=None):
+    """Reduce `array` over all ranks (of `process_set`). `out=array` reduces in place. Average divides by the number
+    of ranks (integers: floor)."""
+    return _allreduce(array, op, name, prescale_factor, postscale_factor, out, False, process_set)
 
 
-def allreduce(array, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0, out=None):
-    return _allreduce(array, op, name, prescale_factor, postscale_factor, out, sync=True).wait()
+def allreduce(array, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0, out=None, process_set=None):
+    return _allreduce(array, op, name, prescale_factor, postscale_factor, out, True, process_set).wait()
 
 
-def _allreduce(array, op, name, prescale_factor, postscale_factor, out, sync):
+def _allreduce(array, op, name, prescale_factor, postscale_factor, out, sync, process_set):
+    to = route(process_set)
     op = as_op(op)
     if out is None:
         out = ops_for(_device_of(array)).empty(array.shape, array.dtype)
     elif out.shape != array.shape or out.dtype != array.dtype:
         raise ValueError(f"allreduce out has shape {out.shape} {out.dtype}, input {array.shape} {array.dtype}")
     return _submit("allreduce", array, name, op=op, scales=(prescale_factor, postscale_factor), out=out, op_obj=op,
-                   sync=sync)
+                   sync=sync, to=to)
 
 
-def grouped_allreduce_async(arrays, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0, outs=None):
+def grouped_allreduce_async(arrays, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0, outs=None,
+                            process_set=None):
     """Many arrays as ONE collective: one name, one agreement, one handle, packed back to back into one bucket.
     wait() returns the list of results (the `outs` themselves when given, e.g. outs=arrays for in place)."""
-    return _grouped_allreduce(arrays, op, name, prescale_factor, postscale_factor, outs, sync=False)
+    return _grouped_allreduce(arrays, op, name, prescale_factor, postscale_factor, outs, False, process_set)
 
 
-def grouped_allreduce(arrays, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0, outs=None):
-    return _grouped_allreduce(arrays, op, name, prescale_factor, postscale_factor, outs, sync=True).wait()
+def grouped_allreduce(arrays, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0, outs=None,
+                      process_set=None):
+    return _grouped_allreduce(arrays, op, name, prescale_factor, postscale_factor, outs, True, process_set).wait()
 
 
-def _grouped_allreduce(arrays, op, name, prescale_factor, postscale_factor, outs, sync):
+def _grouped_allreduce(arrays, op, name, prescale_factor, postscale_factor, outs, sync, process_set):
+    to = route(process_set)
     op = as_op(op)
     arrays = list(arrays)
     if not arrays:
         raise ValueError("grouped_allreduce needs at least one array")
-    eng = state.engine()
-    name = _auto_name("grouped_allreduce", name)
+    eng = to.engine
+    name = _name("grouped_allreduce", name, to)
     outs = list(outs) if outs is not None else [None] * len(arrays)
     if len(outs) != len(arrays):
         raise ValueError(f"grouped_allreduce {name!r} got {len(arrays)} arrays but {len(outs)} outs")
@@ -156,52 +171,98 @@ class MixedGroupHandle(Handle):
         return results
 
 
+class ListHandle(Handle):
+    """One handle over several collectives (grouped allgather / reducescatter); wait() returns their results."""
+    __slots__ = ("parts",)
+
+    def __init__(self, parts):
+        super().__init__(tuple(n for h in parts for n in h.names))
+        self.parts = parts
+
+    def done(self):
+        return all(h.done() for h in self.parts)
+
+    def poll(self):
+        return all(h.poll() for h in self.parts)
+
+    def wait(self, timeout=None):
+        results = [h.wait(timeout) for h in self.parts]
+        self.times.update(started=min(h.times.get("started", 0.0) for h in self.parts),
+                          finished=max(h.times.get("finished", 0.0) for h in self.parts))
+        return results
+
+
+def _grouped(kind, start, arrays, name, process_set):
+    """A ListHandle over `start(array, part_name)` for each array; parts are named <base>.<i>, so ranks agree."""
+    arrays = list(arrays)
+    if not arrays:
+        raise ValueError(f"{kind} needs at least one array")
+    base = _name(kind, name, route(process_set))
+    return ListHandle([start(a, f"{base}.{i}") for i, a in enumerate(arrays)])
+
+
 # ------------------------------------------------------------------------------------------------ others
-def allgather_async(array, name=None):
-    """Concatenate every rank's array along dim 0 (dim 0 may differ per rank; the rest must match)."""
+def allgather_async(array, name=None, process_set=None):
+    """Concatenate every rank's array along dim 0 (dim 0 may differ per rank; the rest must match), in rank order
+    (within the set)."""
+    to = route(process_set)
     if np.ndim(array) == 0:
         raise ValueError("allgather needs an array with at least one dimension")
-    return _submit("allgather", array, name)
+    return _submit("allgather", array, name, to=to)
 
 
-def allgather(array, name=None):
+def allgather(array, name=None, process_set=None):
+    to = route(process_set)
     if np.ndim(array) == 0:
         raise ValueError("allgather needs an array with at least one dimension")
-    return _submit("allgather", array, name, sync=True).wait()
+    return _submit("allgather", array, name, sync=True, to=to).wait()
 
 
-def _check_root(root_rank, what):
+def grouped_allgather_async(arrays, name=None, process_set=None):
+    """allgather of each array under one handle; wait() returns the list of results."""
+    return _grouped("grouped_allgather", lambda a, n: allgather_async(a, n, process_set), arrays, name, process_set)
+
+
+def grouped_allgather(arrays, name=None, process_set=None):
+    return grouped_allgather_async(arrays, name, process_set).wait()
+
+
+def _check_root(root_rank, what, to):
+    """root_rank is a world rank (Horovod's convention, process sets included); returns it as a rank of the set."""
     if not isinstance(root_rank, (int, np.integer)) or isinstance(root_rank, bool):
         raise TypeError(f"{what}: root_rank must be an int, got {root_rank!r}")
     if not 0 <= root_rank < state.size():
         raise ValueError(f"{what}: root_rank {root_rank} is out of range for {state.size()} ranks")
-    return int(root_rank)
+    return to.set_rank(int(root_rank), what)
 
 
-def broadcast_async(array, root_rank=0, name=None, out=None):
-    """Every rank gets root_rank's array. `out=array` broadcasts in place."""
-    return _broadcast(array, root_rank, name, out, sync=False)
+def broadcast_async(array, root_rank=0, name=None, out=None, process_set=None):
+    """Every rank gets root_rank's array. `out=array` broadcasts in place. root_rank is a world rank."""
+    return _broadcast(array, root_rank, name, out, False, process_set)
 
 
-def _broadcast(array, root_rank, name, out, sync):
-    root = _check_root(root_rank, "broadcast")
+def _broadcast(array, root_rank, name, out, sync, process_set):
+    to = route(process_set)
+    root = _check_root(root_rank, "broadcast", to)
     device = _check_array(array, "broadcast")
     if out is None:
         out = ops_for(device).copy(array)
     elif out is not array:
         out[...] = array
-    return _submit("broadcast", array, name, root=root, out=out, sync=sync)
+    return _submit("broadcast", array, name, root=root, out=out, sync=sync, to=to)
 
 
-def broadcast(array, root_rank=0, name=None, out=None):
-    return _broadcast(array, root_rank, name, out, sync=True).wait()
+def broadcast(array, root_rank=0, name=None, out=None, process_set=None):
+    return _broadcast(array, root_rank, name, out, True, process_set).wait()
 
 
-def alltoall_async(array, splits=None, name=None):
-    """Send rows splits[j] of `array` (in order) to rank j; wait() returns (received array, received splits)."""
+def alltoall_async(array, splits=None, name=None, process_set=None):
+    """Send rows splits[j] of `array` (in order) to rank j (of the set); wait() returns (received array, received
+    splits)."""
+    to = route(process_set)
     if np.ndim(array) == 0:
         raise ValueError("alltoall needs an array with at least one dimension")
-    n = state.size()
+    n = to.size
     if splits is None:
         if array.shape[0] % n:
             raise ValueError(f"alltoall without splits needs dim 0 ({array.shape[0]}) divisible by size ({n})")
@@ -210,48 +271,64 @@ def alltoall_async(array, splits=None, name=None):
     if len(splits) != n or any(s < 0 for s in splits) or sum(splits) != array.shape[0]:
         raise ValueError(f"alltoall splits {splits} must have {n} non-negative entries summing to dim 0 "
                          f"({array.shape[0]})")
-    return _submit("alltoall", array, name, splits=splits)
+    return _submit("alltoall", array, name, splits=splits, to=to)
 
 
-def alltoall(array, splits=None, name=None):
-    return alltoall_async(array, splits, name).wait()
+def alltoall(array, splits=None, name=None, process_set=None):
+    return alltoall_async(array, splits, name, process_set).wait()
 
 
-def reducescatter_async(array, op=Average, name=None):
+def reducescatter_async(array, op=Average, name=None, process_set=None, prescale_factor=1.0, postscale_factor=1.0):
     """Reduce over ranks, then keep this rank's block of dim 0 (split as evenly as possible, first blocks larger)."""
+    to = route(process_set)
     op = as_op(op)
     if np.ndim(array) == 0:
         raise ValueError("reducescatter needs an array with at least one dimension")
-    return _submit("reducescatter", array, name, op=op, op_obj=op)
+    return _submit("reducescatter", array, name, op=op, op_obj=op, scales=(prescale_factor, postscale_factor), to=to)
 
 
-def reducescatter(array, op=Average, name=None):
-    return reducescatter_async(array, op, name).wait()
+def reducescatter(array, op=Average, name=None, process_set=None, prescale_factor=1.0, postscale_factor=1.0):
+    return reducescatter_async(array, op, name, process_set, prescale_factor, postscale_factor).wait()
 
 
-def barrier(name=None):
-    """Returns once every rank has called barrier()."""
-    _submit("barrier", np.zeros(0, np.uint8), name, sync=True).wait()
+def grouped_reducescatter_async(arrays, op=Average, name=None, process_set=None, prescale_factor=1.0,
+                                postscale_factor=1.0):
+    """reducescatter of each array under one handle; wait() returns the list of this rank's blocks."""
+    return _grouped("grouped_reducescatter",
+                    lambda a, n: reducescatter_async(a, op, n, process_set, prescale_factor, postscale_factor),
+                    arrays, name, process_set)
+
+
+def grouped_reducescatter(arrays, op=Average, name=None, process_set=None, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    return grouped_reducescatter_async(arrays, op, name, process_set, prescale_factor, postscale_factor).wait()
+
+
+def barrier(name=None, process_set=None):
+    """Returns once every rank (of `process_set`) has called barrier()."""
+    _submit("barrier", np.zeros(0, np.uint8), name, sync=True, to=route(process_set)).wait()
 
 
 # ------------------------------------------------------------------------------------------------ objects
-def broadcast_object(obj, root_rank=0, name=None):
+def broadcast_object(obj, root_rank=0, name=None, process_set=None):
     """root's object on every rank, by pickle. Unpickling runs code from the root: trusted peers only."""
-    root = _check_root(root_rank, "broadcast_object")
-    base = _auto_name("broadcast_object", name)
-    payload = np.frombuffer(pickle.dumps(obj), np.uint8) if state.rank() == root else np.zeros(0, np.uint8)
-    length = broadcast(np.array([payload.size], np.int64), root, f"{base}.len")
-    data = payload.copy() if state.rank() == root else np.empty(int(length[0]), np.uint8)
-    data = broadcast(data, root, f"{base}.data", out=data)
-    return obj if state.rank() == root else pickle.loads(data.tobytes())
+    to = route(process_set)
+    _check_root(root_rank, "broadcast_object", to)
+    is_root = state.rank() == root_rank
+    base = _name("broadcast_object", name, to)
+    payload = np.frombuffer(pickle.dumps(obj), np.uint8) if is_root else np.zeros(0, np.uint8)
+    length = broadcast(np.array([payload.size], np.int64), root_rank, f"{base}.len", process_set=process_set)
+    data = payload.copy() if is_root else np.empty(int(length[0]), np.uint8)
+    data = broadcast(data, root_rank, f"{base}.data", out=data, process_set=process_set)
+    return obj if is_root else pickle.loads(data.tobytes())
 
 
-def allgather_object(obj, name=None):
-    """List of every rank's object (pickled; trusted peers only)."""
-    base = _auto_name("allgather_object", name)
+def allgather_object(obj, name=None, process_set=None):
+    """List of every rank's object (pickled; trusted peers only), in rank order within the set."""
+    base = _name("allgather_object", name, route(process_set))
     payload = np.frombuffer(pickle.dumps(obj), np.uint8)
-    lengths = allgather(np.array([payload.size], np.int64), f"{base}.len")
-    data = allgather(payload, f"{base}.data")
+    lengths = allgather(np.array([payload.size], np.int64), f"{base}.len", process_set)
+    data = allgather(payload, f"{base}.data", process_set)
     out, start = [], 0
     for n in lengths:
         out.append(pickle.loads(data[start:start + int(n)].tobytes()))
@@ -277,6 +354,7 @@ def poll(handle):
 
 
 __all__ = ["allreduce", "allreduce_async", "grouped_allreduce", "grouped_allreduce_async", "allgather",
-           "allgather_async", "broadcast", "broadcast_async", "alltoall", "alltoall_async", "reducescatter",
-           "reducescatter_async", "barrier", "broadcast_object", "allgather_object", "join", "synchronize", "poll",
+           "allgather_async", "grouped_allgather", "grouped_allgather_async", "broadcast", "broadcast_async",
+           "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "grouped_reducescatter",
+           "grouped_reducescatter_async", "barrier", "broadcast_object", "allgather_object", "join", "synchronize", "poll",
            "RingtrainError"]

@@ -32,3 +32,7 @@ class UnsupportedDtypeError(RingtrainError, TypeError):
 
 class ShutdownError(RingtrainError):
     """The engine was shut down before this request completed."""
+
+
+class UnsupportedOperationError(RingtrainError, NotImplementedError):
+    """A Horovod feature ringtrain does not implement yet (e.g. op=Adasum); the message says what to use instead."""

@@ -4,7 +4,7 @@ import enum
 import ml_dtypes
 import numpy as np
 
-from .errors import UnsupportedDtypeError
+from .errors import UnsupportedDtypeError, UnsupportedOperationError
 
 
 class ReduceOp(enum.IntEnum):
@@ -21,6 +21,16 @@ Min = ReduceOp.MIN
 Max = ReduceOp.MAX
 Product = ReduceOp.PRODUCT
 
+
+class _Adasum:
+    """Horovod's Adasum op, so scripts that name it import; using it raises UnsupportedOperationError."""
+
+    def __repr__(self):
+        return "Adasum"
+
+
+Adasum = _Adasum()
+
 bfloat16 = np.dtype(ml_dtypes.bfloat16)
 
 # name -> numpy dtype, in the order the wire and the kernels number them
@@ -34,6 +44,8 @@ DTYPES = {
     "int32": np.dtype(np.int32),
     "int64": np.dtype(np.int64),
     "bool": np.dtype(np.bool_),
+    "int16": np.dtype(np.int16),      # appended, not inserted: earlier entries keep their numbers
+    "uint16": np.dtype(np.uint16),
 }
 _BY_DTYPE = {dt: name for name, dt in DTYPES.items()}
 
@@ -49,6 +61,9 @@ UFUNCS = {
 
 def as_op(op):
     """Accept ReduceOp, its int value, or a name such as 'sum' / 'Average'."""
+    if op is Adasum or (isinstance(op, str) and op.lower() == "adasum"):
+        raise UnsupportedOperationError("op=Adasum is not supported by ringtrain yet; use Average (the default) or "
+                                        "Sum (Horovod's --use-adasum paths: leave the flag off)")
     if isinstance(op, ReduceOp):
         return op
     if isinstance(op, str):
@@ -99,5 +114,9 @@ def scale_into(dst, src, factor):
             np.floor_divide(src, inv, out=dst)
         else:
             np.copyto(dst, (src * factor).astype(dst.dtype))
+    elif dst.dtype.itemsize == 2:
+        # float16/bfloat16 scale in float32 and round once (as Horovod and our GPU kernels do): a factor rounded
+        # to 16 bits first would make a prescaled Sum differ from size * fp16(factor * x)
+        np.multiply(src, np.float32(factor), out=dst, dtype=np.float32, casting="unsafe")
     else:
         np.multiply(src, np.asarray(factor, dtype=dst.dtype), out=dst)

@@ -11,8 +11,9 @@ _lock = threading.Lock()
 _state = None     # (topology, engine, config, gpu_id) while initialised
 
 
-def init(comm=None, **config_overrides):
+def init(comm=None, process_sets=None, **config_overrides):
     """Start ringtrain on `comm` (default MPI.COMM_WORLD): topology, GPU binding, transports, engine thread.
+    process_sets: ProcessSets (or lists of world ranks) to register right away, as add_process_set() would.
     Keyword arguments override RINGTRAIN_* settings (see ringtrain.config.Config). Calling init() twice is a no-op."""
     global _state
     with _lock:
@@ -37,6 +38,10 @@ def init(comm=None, **config_overrides):
         _state = (topology, engine, config, gpu_id)
         names.reset()
     atexit.register(_shutdown_at_exit)
+    from . import process_sets as sets
+    sets.global_process_set.ranks = list(range(topology.size))
+    for process_set in process_sets or ():
+        sets.add_process_set(process_set)
 
 
 def _bind_gpu(local_rank):
@@ -51,6 +56,10 @@ def _bind_gpu(local_rank):
 def shutdown():
     """Stop the engine once every rank has called shutdown(). Safe to call twice; init() may be called again."""
     global _state
+    if _state is None:
+        return
+    from . import process_sets
+    process_sets.shutdown_all()     # their engines first: each set's members stop it together
     with _lock:
         if _state is None:
             return
@@ -81,6 +90,10 @@ def _get():
 
 def engine():
     return _get()[1]
+
+
+def topology():
+    return _get()[0]
 
 
 def rank():
@@ -118,6 +131,34 @@ def config():
 
 def transport_name(device="cpu"):
     return _get()[1].transport_name(device)
+
+
+def is_homogeneous():
+    """True when every node runs the same number of ranks."""
+    return _get()[0].homogeneous
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Start (or restart into another file) the Chrome-trace timeline at run time, as RINGTRAIN_TIMELINE does at
+    init: rank 0 writes file_path (every rank, file.rank<r>.ext, with RINGTRAIN_TIMELINE_ALL_RANKS). mark_cycles
+    is accepted for Horovod's signature; the engine has no cycles to mark."""
+    from .timeline import Timeline, timeline_path
+    eng = engine()
+    path = timeline_path(str(file_path), rank(), config().timeline_all_ranks)
+    if path is None:
+        return
+    previous = eng.timeline
+    # the engine reads `timeline` from its own thread: swap in a live one, never None, then close the old one
+    eng.timeline = Timeline(path, rank())
+    if previous is not None:
+        previous.close()
+
+
+def stop_timeline():
+    """Close the timeline file (valid JSON from then on); later events are dropped until start_timeline()."""
+    timeline = engine().timeline
+    if timeline is not None:
+        timeline.close()     # a closed Timeline ignores further events, so the engine thread may keep calling it
 
 
 def _setup_logging(level):

@@ -70,6 +70,7 @@ class Topology:
         self.node_index = sorted(set(leaders)).index(leaders[self.rank])
         self.num_nodes = len(self.nodes)
         self.single_node = self.num_nodes == 1
+        self.homogeneous = len({len(node) for node in self.nodes}) == 1    # every node runs as many ranks
         hostname = socket.gethostname()
         self.host = f"{hostname}/node{self.node_index}" if simulate_nodes else hostname
         local_ids = self.local.allgather((self.rank, os.getpid()))

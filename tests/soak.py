@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 KINDS = ("allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall", "reducescatter")
-DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64", "bool")
+DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64", "bool", "int16", "uint16")
 OP_NAMES = ("Average", "Sum", "Min", "Max", "Product")
 # element counts: empty, tiny, odd, a prime above a 4 KB segment, and above a 16 KB fusion threshold
 SIZES = (0, 1, 7, 33, 1031, 4099, 9001)
@@ -100,9 +100,9 @@ def make_input(seed, spec, rank, rows, member=0):
     if spec["dtype"] == "bool":
         return rng.integers(0, 2, shape).astype(bool)
     if spec["op"] == "Product" and spec["kind"] in ("allreduce", "grouped_allreduce", "reducescatter"):
-        low, high = (1, 3) if spec["dtype"] == "uint8" else (-2, 3)    # |product| <= 2**4 over 4 ranks
+        low, high = (1, 3) if spec["dtype"] in ("uint8", "uint16") else (-2, 3)    # |product| <= 2**4 over 4 ranks
     else:
-        low, high = (0, 4) if spec["dtype"] == "uint8" else (-3, 4)
+        low, high = (0, 4) if spec["dtype"] in ("uint8", "uint16") else (-3, 4)
     return np.ascontiguousarray(rng.integers(low, high, shape).astype(dtype))
 
 

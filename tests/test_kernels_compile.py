@@ -61,7 +61,7 @@ def test_every_dtype_and_op_has_a_kernel(cubins):
         out = subprocess.run([cuobjdump, "-elf", str(cubin)], capture_output=True, text=True, check=True).stdout
         names |= {w for w in out.replace("\n", " ").split() if w.startswith((".text.reduce_", ".text.batched_",
                                                                                ".text.cast_"))}
-    dtypes = ["float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64"]
+    dtypes = ["float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64", "int16", "uint16"]
     want = {f".text.reduce_{op}_{d}" for op in ("sum", "min", "max", "product") for d in dtypes}
     want |= {f".text.batched_scale_{d}" for d in dtypes} | {".text.batched_copy"}
     want |= {".text.cast_float32_to_float16", ".text.cast_float32_to_bfloat16", ".text.cast_float16_to_float32",

@@ -8,26 +8,36 @@ structure of the optimizer state (keys, shapes, hyper-parameters) travels pickle
 """
 import torch
 
+from ringtrain.process_sets import global_process_set
+
 from . import functions
 
 
-def broadcast_parameters(params, root_rank=0, prefix="broadcast_parameters"):
-    """Overwrite, in place, every tensor in `params` with root_rank's.
+def broadcast_parameters(params, root_rank=0, prefix="broadcast_parameters", process_set=global_process_set):
+    """Overwrite, in place, every tensor in `params` with root_rank's (a world rank; with `process_set`, among the
+    set's ranks only).
 
-    params: a state_dict (name -> tensor), or an iterable of (name, tensor) such as model.named_parameters().
+    params: a state_dict (name -> tensor); an iterable of (name, tensor) pairs such as model.named_parameters() or
+    a plain list of them; or of bare tensors such as model.parameters() (named by position, as Horovod allows).
     Every rank must pass the same names with the same shapes (a mismatch raises TensorMismatchError naming them).
     """
     if isinstance(params, dict):
         items = sorted(params.items())
     else:
-        items = list(params)
-        if items and not (isinstance(items[0], tuple) and len(items[0]) == 2):
-            raise ValueError("broadcast_parameters expects a state_dict or (name, tensor) pairs, e.g. "
-                             "model.named_parameters(); got a sequence of " + type(items[0]).__name__)
-    _broadcast_tensors_inplace([(f"{prefix}.{name}", t) for name, t in items if t is not None], root_rank)
+        items = []
+        for i, item in enumerate(params):
+            if isinstance(item, torch.Tensor):
+                items.append((f"param{i}", item))
+            elif isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], str):
+                items.append(tuple(item))
+            else:
+                raise ValueError("broadcast_parameters expects a state_dict, (name, tensor) pairs such as "
+                                 f"model.named_parameters(), or tensors; item {i} is a {type(item).__name__}")
+    _broadcast_tensors_inplace([(f"{prefix}.{name}", t) for name, t in items if t is not None], root_rank,
+                               process_set)
 
 
-def _broadcast_tensors_inplace(named_tensors, root_rank):
+def _broadcast_tensors_inplace(named_tensors, root_rank, process_set=global_process_set):
     handles = []
     with torch.no_grad():
         for name, tensor in named_tensors:
@@ -35,7 +45,7 @@ def _broadcast_tensors_inplace(named_tensors, root_rank):
                 raise TypeError(f"{name!r} is a {type(tensor).__name__}, not a tensor; use broadcast_object for it")
             # 0-d tensors (e.g. Adam's step) go as 1-element views of the same memory
             target = tensor.detach().view(1) if tensor.dim() == 0 else tensor.detach()
-            handles.append(functions.broadcast_async_(target, root_rank, name=name))
+            handles.append(functions.broadcast_async_(target, root_rank, name=name, process_set=process_set))
         for handle in handles:
             handle.wait()   # results land in the tensors themselves (target shares their memory)
 
@@ -62,21 +72,25 @@ def _replace(obj, kind, fn):
     return obj
 
 
-def broadcast_optimizer_state(optimizer, root_rank=0):
-    """Make every rank's optimizer state and hyper-parameters (lr, momentum, ...) equal root_rank's.
+def broadcast_optimizer_state(optimizer, root_rank=0, model=None, process_set=global_process_set):
+    """Make every rank's optimizer state and hyper-parameters (lr, momentum, ...) equal root_rank's (a world rank;
+    with `process_set`, among the set's ranks only).
 
     Works whether or not the state exists yet: Adam before its first step has no state, and then every rank ends up
     with none (no warm-up step is taken, so Adam's step count and bias correction stay exactly as on one process).
-    Works for wrapped (DistributedOptimizer) and plain torch optimizers.
+    Works for wrapped (DistributedOptimizer) and plain torch optimizers. `model` is accepted for Horovod's
+    signature, where it serves the dummy step that creates missing state; no dummy step is taken here, so it is
+    not needed.
     """
     is_root = functions.rank() == root_rank
     state_dict = optimizer.state_dict() if is_root else None
     skeleton = _replace(state_dict, torch.Tensor, _TensorSpec) if is_root else None
-    skeleton = functions.broadcast_object(skeleton, root_rank=root_rank, name="broadcast_optimizer_state.skeleton")
+    skeleton = functions.broadcast_object(skeleton, root_rank=root_rank, name="broadcast_optimizer_state.skeleton",
+                                          process_set=process_set)
     if not is_root:
         # load_state_dict checks group sizes against this rank's model and casts state to the parameters' device
         optimizer.load_state_dict(_replace(skeleton, _TensorSpec, _TensorSpec.allocate))
-    _broadcast_tensors_inplace(list(_live_state_tensors(optimizer)), root_rank)
+    _broadcast_tensors_inplace(list(_live_state_tensors(optimizer)), root_rank, process_set)
 
 
 def _live_state_tensors(optimizer):

@@ -16,6 +16,7 @@ import os
 import torch
 
 from ringtrain.errors import RingtrainError
+from ringtrain.process_sets import global_process_set
 
 from . import functions
 
@@ -76,13 +77,14 @@ def describe_divergence(per_rank):
     return "parameters differ across ranks: " + "; ".join(shown)
 
 
-def check_parameters(named_parameters, step=None):
-    """Collective: compare every parameter's digest across ranks; raise ParameterDivergenceError if any differ.
-    named_parameters: model.named_parameters() or (name, tensor) pairs, the same names on every rank."""
+def check_parameters(named_parameters, step=None, process_set=global_process_set):
+    """Collective (over `process_set`): compare every parameter's digest across ranks; raise
+    ParameterDivergenceError if any differ. named_parameters: model.named_parameters() or (name, tensor) pairs,
+    the same names on every rank."""
     mine = [(name, parameter_digest(p)) for name, p in named_parameters]
     if not functions.is_initialized() or functions.size() == 1:
         return
-    per_rank = functions.allgather_object(mine, name="ringtrain.consistency.digests")
+    per_rank = functions.allgather_object(mine, name="ringtrain.consistency.digests", process_set=process_set)
     message = describe_divergence(per_rank)
     if message is not None:
         when = f" at step {step}" if step is not None else ""
@@ -98,13 +100,13 @@ def check_every():
     return int(float(os.environ.get("RINGTRAIN_CHECK_EVERY", "0") or 0))
 
 
-def maybe_check(step, named_parameters):
+def maybe_check(step, named_parameters, process_set=global_process_set):
     """The one-line hook for DistributedOptimizer.step(): check every RINGTRAIN_CHECK_EVERY-th step (1-based).
     named_parameters may be a list of (name, tensor) or a callable returning one (evaluated only when checking)."""
     every = check_every()
     if every <= 0 or step % every != 0:
         return False
     pairs = named_parameters() if callable(named_parameters) else named_parameters
-    check_parameters(pairs, step=step)
+    check_parameters(pairs, step=step, process_set=process_set)
     return True
 

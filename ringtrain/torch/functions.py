@@ -16,7 +16,11 @@ import numpy as np
 import torch
 
 import ringtrain as _core
-from ringtrain.ops import Average, Sum, Min, Max, Product, ReduceOp, as_op  # noqa: F401  (re-exported)
+from ringtrain.build_info import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled,  # noqa: F401
+                                  mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rocm_built)
+from ringtrain.ops import Adasum, Average, Sum, Min, Max, Product, ReduceOp, as_op  # noqa: F401  (re-exported)
+from ringtrain.process_sets import (ProcessSet, add_process_set, global_process_set,  # noqa: F401
+                                    remove_process_set)
 
 from .compression import Compression
 
@@ -25,9 +29,23 @@ _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
 # ---------------------------------------------------------------- lifecycle and topology (thin pass-through)
 
-def init(comm=None, **config_overrides):
-    """Start ringtrain (MPI, topology, engine). Keyword overrides are ringtrain.config.Config fields."""
-    return _core.init(comm, **config_overrides)
+def init(comm=None, process_sets=None, **config_overrides):
+    """Start ringtrain (MPI, topology, engine) and register `process_sets`. Keyword overrides are
+    ringtrain.config.Config fields."""
+    return _core.init(comm, process_sets=process_sets, **config_overrides)
+
+
+def is_homogeneous():
+    return _core.is_homogeneous()
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Write the Chrome-trace timeline to file_path from now on (see ringtrain.timeline)."""
+    return _core.start_timeline(file_path, mark_cycles)
+
+
+def stop_timeline():
+    return _core.stop_timeline()
 
 
 def shutdown():
@@ -131,6 +149,8 @@ class TensorHandle:
 
 def synchronize(handle):
     """Block until an async collective finishes; return its result as torch tensor(s)."""
+    if not hasattr(handle, "wait") and callable(handle):
+        return handle()
     return handle.wait()
 
 
@@ -148,38 +168,33 @@ def _resolve_op(op, average):
     return Sum
 
 
-# ---------------------------------------------------------------- allreduce
+# ---------------------------------------------------------------- allreduce (in place and async; the differentiable
+# copies allreduce/grouped_allreduce/... live in autograd.py)
 
-def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                    process_set=global_process_set):
     """Start an allreduce of `tensor` into a new tensor; returns a TensorHandle."""
     op = _resolve_op(op, average)
     array = to_array(_contiguous(tensor))
     handle = _core.allreduce_async(array, op=op, name=name, prescale_factor=prescale_factor,
-                                   postscale_factor=postscale_factor)
+                                   postscale_factor=postscale_factor, process_set=process_set)
     return TensorHandle(handle, from_array)
 
 
-def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
-              prescale_factor=1.0, postscale_factor=1.0):
-    """Reduce `tensor` over all ranks (default: Average) and return the result as a new tensor.
-    `compression` casts it for the wire (e.g. Compression.fp16) and back."""
-    compressed, ctx = compression.compress(tensor)
-    result = allreduce_async(compressed, average, name, op, prescale_factor, postscale_factor).wait()
-    return compression.decompress(result, ctx)
-
-
-def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                     process_set=global_process_set):
     """Start an in-place allreduce: the result is written into `tensor`; the handle's wait() returns `tensor`."""
     op = _resolve_op(op, average)
     work = _contiguous(tensor)
     array = to_array(work)
     handle = _core.allreduce_async(array, op=op, name=name, prescale_factor=prescale_factor,
-                                   postscale_factor=postscale_factor, out=array)
+                                   postscale_factor=postscale_factor, out=array, process_set=process_set)
     return TensorHandle(handle, lambda _result: _copy_back(tensor, work))
 
 
-def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
-    return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor).wait()
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+               process_set=global_process_set):
+    return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set).wait()
 
 
 def _copy_back(tensor, work):
@@ -190,36 +205,32 @@ def _copy_back(tensor, work):
     return tensor
 
 
-# ---------------------------------------------------------------- grouped allreduce (one fused negotiation for many)
-
-def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                            process_set=global_process_set):
+    """One handle for many tensors, negotiated and fused together; wait() returns the list of results."""
     op = _resolve_op(op, average)
     arrays = [to_array(_contiguous(t)) for t in tensors]
-    handle = _core.grouped_allreduce_async(arrays, op=op, name=name, **_scales(prescale_factor, postscale_factor))
+    handle = _core.grouped_allreduce_async(arrays, op=op, name=name, process_set=process_set,
+                                           **_scales(prescale_factor, postscale_factor))
     return TensorHandle(handle, lambda results: [from_array(r) for r in results])
 
 
-def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
-                      prescale_factor=1.0, postscale_factor=1.0):
-    compressed = [compression.compress(t) for t in tensors]
-    results = grouped_allreduce_async([c for c, _ in compressed], average, name, op,
-                                      prescale_factor, postscale_factor).wait()
-    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, compressed)]
-
-
-def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                             process_set=global_process_set):
     """In-place grouped allreduce: each result lands in its own tensor; wait() returns the list of tensors."""
     op = _resolve_op(op, average)
     tensors = list(tensors)
     works = [_contiguous(t) for t in tensors]
     arrays = [to_array(w) for w in works]
-    handle = _core.grouped_allreduce_async(arrays, op=op, name=name, outs=arrays,
+    handle = _core.grouped_allreduce_async(arrays, op=op, name=name, outs=arrays, process_set=process_set,
                                            **_scales(prescale_factor, postscale_factor))
     return TensorHandle(handle, lambda _results: [_copy_back(t, w) for t, w in zip(tensors, works)])
 
 
-def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
-    return grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor).wait()
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                       process_set=global_process_set):
+    return grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
+                                    process_set).wait()
 
 
 def _scales(prescale_factor, postscale_factor):
@@ -232,83 +243,129 @@ def _scales(prescale_factor, postscale_factor):
     return scales
 
 
+class SparseHandle:
+    """What sparse_allreduce_async returns: wait() (or calling it, as Horovod's optimizer does) gives the sparse sum
+    or average of every rank's sparse tensor."""
+    __slots__ = ("_indices", "_values", "_finish")
+
+    def __init__(self, indices, values, finish):
+        self._indices, self._values, self._finish = indices, values, finish
+
+    def poll(self):
+        return self._indices.poll() and self._values.poll()
+
+    def wait(self, timeout=None):
+        return self._finish(self._indices.wait(timeout), self._values.wait(timeout))
+
+    __call__ = wait
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Allreduce of a sparse COO tensor as Horovod does it: allgather every rank's indices and values (duplicates
+    summed when the result is coalesced); op=Average divides the values by the set's size."""
+    op = _resolve_op(op, None)
+    if op not in (Average, Sum):
+        raise ValueError(f"sparse_allreduce supports op=Average or Sum, got {op.name.title()}")
+    t = tensor.coalesce() if not tensor.is_coalesced() else tensor
+    # allgather concatenates dim 0: ship indices as (nnz, ndim) rows
+    indices = allgather_async(t.indices().t().contiguous(), name=f"{name}.indices", process_set=process_set)
+    values = allgather_async(t.values().contiguous(), name=f"{name}.values", process_set=process_set)
+    divisor = _set_size(process_set) if op == Average else 1
+
+    def finish(all_indices, all_values):
+        if divisor != 1:
+            all_values = all_values / divisor
+        return torch.sparse_coo_tensor(all_indices.t(), all_values, t.shape).coalesce()
+    return SparseHandle(indices, values, finish)
+
+
+def _set_size(process_set):
+    return size() if process_set is None or process_set.process_set_id == 0 else process_set.size()
+
+
 # ---------------------------------------------------------------- allgather, broadcast, alltoall, reducescatter
 
-def allgather_async(tensor, name=None):
+def allgather_async(tensor, name=None, process_set=global_process_set):
     """Concatenate every rank's tensor along dim 0 (dim 0 may differ per rank)."""
-    handle = _core.allgather_async(to_array(_contiguous(tensor)), name=name)
+    handle = _core.allgather_async(to_array(_contiguous(tensor)), name=name, process_set=process_set)
     return TensorHandle(handle, from_array)
 
 
-def allgather(tensor, name=None):
-    return allgather_async(tensor, name).wait()
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    handle = _core.grouped_allgather_async([to_array(_contiguous(t)) for t in tensors], name=name,
+                                           process_set=process_set)
+    return TensorHandle(handle, lambda results: [from_array(r) for r in results])
 
 
-def broadcast_async(tensor, root_rank=0, name=None):
-    """Start a broadcast of root_rank's `tensor` into a new tensor on every rank."""
-    handle = _core.broadcast_async(to_array(_contiguous(tensor)), root_rank=root_rank, name=name)
+def broadcast_async(tensor, root_rank=0, name=None, process_set=global_process_set):
+    """Start a broadcast of root_rank's `tensor` into a new tensor on every rank. root_rank is a world rank."""
+    handle = _core.broadcast_async(to_array(_contiguous(tensor)), root_rank=root_rank, name=name,
+                                   process_set=process_set)
     return TensorHandle(handle, from_array)
 
 
-def broadcast(tensor, root_rank=0, name=None):
-    return broadcast_async(tensor, root_rank, name).wait()
-
-
-def broadcast_async_(tensor, root_rank=0, name=None):
+def broadcast_async_(tensor, root_rank=0, name=None, process_set=global_process_set):
     """Start an in-place broadcast: every rank's `tensor` becomes root_rank's."""
     work = _contiguous(tensor)
     array = to_array(work)
-    handle = _core.broadcast_async(array, root_rank=root_rank, name=name, out=array)
+    handle = _core.broadcast_async(array, root_rank=root_rank, name=name, out=array, process_set=process_set)
     return TensorHandle(handle, lambda _result: _copy_back(tensor, work))
 
 
-def broadcast_(tensor, root_rank=0, name=None):
-    return broadcast_async_(tensor, root_rank, name).wait()
+def broadcast_(tensor, root_rank=0, name=None, process_set=global_process_set):
+    return broadcast_async_(tensor, root_rank, name, process_set).wait()
 
 
-def alltoall_async(tensor, splits=None, name=None):
-    """Send splits[i] rows of `tensor` (dim 0) to rank i; wait() returns (received tensor, received_splits tensor)."""
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    """Send splits[i] rows of `tensor` (dim 0) to rank i of the set; wait() returns (received tensor,
+    received_splits tensor), as Horovod's synchronize() does for alltoall handles."""
+    splits_dtype = torch.int32      # Horovod's: int32, or the dtype of the splits tensor passed in
     if isinstance(splits, torch.Tensor):
-        splits = splits.tolist()
-    handle = _core.alltoall_async(to_array(_contiguous(tensor)), splits=splits, name=name)
+        splits_dtype, splits = splits.dtype, splits.tolist()
+    handle = _core.alltoall_async(to_array(_contiguous(tensor)), splits=splits, name=name, process_set=process_set)
 
     def finish(result):
         received, received_splits = result
-        return from_array(received), torch.as_tensor(np.asarray(received_splits, dtype=np.int64))
+        return from_array(received), torch.tensor(list(received_splits), dtype=splits_dtype)
     return TensorHandle(handle, finish)
 
 
-def alltoall(tensor, splits=None, name=None):
-    return alltoall_async(tensor, splits, name).wait()
-
-
-def reducescatter_async(tensor, op=Average, name=None):
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
+                        postscale_factor=1.0):
     """Reduce over ranks and keep this rank's block of dim 0 (first blocks larger when it does not divide)."""
-    handle = _core.reducescatter_async(to_array(_contiguous(tensor)), op=as_op(op), name=name)
+    handle = _core.reducescatter_async(to_array(_contiguous(tensor)), op=as_op(op), name=name,
+                                       process_set=process_set, prescale_factor=prescale_factor,
+                                       postscale_factor=postscale_factor)
     return TensorHandle(handle, from_array)
 
 
-def reducescatter(tensor, op=Average, name=None):
-    return reducescatter_async(tensor, op, name).wait()
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0):
+    handle = _core.grouped_reducescatter_async([to_array(_contiguous(t)) for t in tensors], op=as_op(op), name=name,
+                                               process_set=process_set, prescale_factor=prescale_factor,
+                                               postscale_factor=postscale_factor)
+    return TensorHandle(handle, lambda results: [from_array(r) for r in results])
 
 
 # ---------------------------------------------------------------- control and objects
 
-def barrier():
-    return _core.barrier()
+def barrier(process_set=global_process_set):
+    """Returns once every rank of `process_set` has called barrier()."""
+    return _core.barrier(process_set=process_set)
 
 
-def join():
+def join(device=-1):
     """This rank has no more data: it contributes zeros to the other ranks' allreduces until every rank has joined.
-    Returns the last rank to join (the one whose parameters saw every step; broadcast from it afterwards)."""
-    return _core.join()
+    Returns the last rank to join (the one whose parameters saw every step; broadcast from it afterwards).
+    `device` is accepted for Horovod's signature: the zeros are made where each tensor lives."""
+    return int(_core.join())
 
 
-def broadcast_object(obj, root_rank=0, name=None):
+def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
     """root_rank's picklable object on every rank. Uses pickle: only for trusted peers (your own job's ranks)."""
-    return _core.broadcast_object(obj, root_rank=root_rank, name=name)
+    return _core.broadcast_object(obj, root_rank=root_rank, name=name, process_set=process_set)
 
 
-def allgather_object(obj, name=None):
+def allgather_object(obj, name=None, process_set=global_process_set):
     """List of every rank's picklable object, in rank order. Uses pickle: only for trusted peers."""
-    return _core.allgather_object(obj, name=name)
+    return _core.allgather_object(obj, name=name, process_set=process_set)

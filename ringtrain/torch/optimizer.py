@@ -26,6 +26,7 @@ import torch
 
 from ringtrain.errors import RingtrainError, TensorMismatchError
 from ringtrain.model_check import describe_model_mismatch
+from ringtrain.process_sets import global_process_set
 
 from . import consistency, functions
 from .compression import Compression
@@ -40,6 +41,41 @@ class _Bucket:
 
     def __init__(self, index, name, params):
         self.index, self.name, self.params = index, name, params
+
+
+def _split_in_groups(params, num_groups):
+    """Horovod's groups=<int>: the parameters in num_groups consecutive groups of near-equal count."""
+    num_groups = min(int(num_groups), len(params))
+    base, extra = divmod(len(params), num_groups) if num_groups else (0, 0)
+    groups, start = [], 0
+    for i in range(num_groups):
+        end = start + base + (1 if i < extra else 0)
+        groups.append(params[start:end])
+        start = end
+    return groups
+
+
+def _explicit_groups(params, groups):
+    """Horovod's groups=[[p, ...], ...]: each inner list is one group; parameters in no list form a group each.
+    Returns None for no grouping (groups None or 0)."""
+    if groups is None or (isinstance(groups, int) and not isinstance(groups, bool) and groups == 0):
+        return None
+    if isinstance(groups, int) and not isinstance(groups, bool):
+        if groups < 0:
+            raise ValueError(f"groups must be a non-negative int or a list of lists of parameters, got {groups}")
+        return _split_in_groups(params, groups)
+    wanted = {id(p) for p in params}
+    chosen, seen = [], set()
+    for group in groups:
+        group = list(group)
+        members = [p for p in group if id(p) in wanted and id(p) not in seen]
+        if len(members) != len(group):
+            raise ValueError("groups: every parameter must be a trainable parameter of this optimizer and appear in "
+                             "one group only")
+        seen.update(id(p) for p in members)
+        if members:
+            chosen.append(members)
+    return chosen + [[p] for p in params if id(p) not in seen]
 
 
 def _layout_buckets(params, first_bucket_bytes, bucket_bytes):
@@ -70,14 +106,16 @@ class _DistributedOptimizerMixin:
     """Mixed in front of the wrapped optimizer's own class (see DistributedOptimizer)."""
 
     def _rt_setup(self, named_parameters, compression, backward_passes_per_step, op, gradient_predivide_factor,
-                  bucket_cap_mb, first_bucket_mb):
-        op = as_op(op)
+                  bucket_cap_mb, first_bucket_mb, groups=None, sparse_as_dense=False, process_set=global_process_set):
+        op = as_op(op)        # op=Adasum raises UnsupportedOperationError here, at construction
         if gradient_predivide_factor != 1.0 and op != Average:
             raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor} needs op=Average, got {op.name}")
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
         self._rt_compression = compression
         self._rt_op = op
+        self._rt_process_set = process_set
+        self._rt_sparse_as_dense = bool(sparse_as_dense)
         self._rt_passes_per_step = int(backward_passes_per_step)
         # Average's 1/size is applied by the core; predividing splits it to keep fp16 sums in range (as Horovod)
         self._rt_scales = (dict(prescale_factor=1.0 / gradient_predivide_factor,
@@ -91,9 +129,11 @@ class _DistributedOptimizerMixin:
         self._rt_names = self._rt_name_parameters(all_params, named_parameters)
         self._rt_check_same_model(all_params)
         self._rt_params = [p for p in all_params if p.requires_grad]
+        self._rt_groups = _explicit_groups(self._rt_params, groups)
         # gradients arrive roughly in reverse definition order; after step 1 the observed order replaces this guess
+        # (explicit groups are the user's buckets and stay as they are)
         self._rt_set_layout(list(reversed(self._rt_params)), generation=0)
-        self._rt_layout_observed = False
+        self._rt_layout_observed = self._rt_groups is not None
         self._rt_should_synchronize = True
         self._rt_synchronized = False
         self._rt_steps = 0
@@ -124,12 +164,16 @@ class _DistributedOptimizerMixin:
         instead of as a shape mismatch (or a hang) in the first backward."""
         mine = [(self._rt_names[id(p)], tuple(p.shape), str(p.dtype).replace("torch.", ""), p.requires_grad)
                 for p in all_params]
-        everyone = functions.allgather_object(mine, name=self._rt_prefix + ".model_check")
+        everyone = functions.allgather_object(mine, name=self._rt_prefix + ".model_check",
+                                              process_set=self._rt_process_set)
         if any(entries != everyone[0] for entries in everyone):
             raise TensorMismatchError(_describe_model_mismatch(everyone))
 
     def _rt_set_layout(self, ordered_params, generation):
-        buckets = _layout_buckets(ordered_params, self._rt_first_bucket_bytes, self._rt_bucket_bytes)
+        if self._rt_groups is not None:
+            buckets = self._rt_groups
+        else:
+            buckets = _layout_buckets(ordered_params, self._rt_first_bucket_bytes, self._rt_bucket_bytes)
         self._rt_buckets = [_Bucket(i, f"{self._rt_prefix}.g{generation}.bucket{i}", params)
                             for i, params in enumerate(buckets)]
         self._rt_bucket_of = {id(p): b.index for b in self._rt_buckets for p in b.params}
@@ -138,6 +182,7 @@ class _DistributedOptimizerMixin:
         self._rt_passes_left = {id(p): self._rt_passes_per_step for p in self._rt_params}
         self._rt_pending = [len(b.params) for b in self._rt_buckets]   # grads not yet final, per bucket
         self._rt_handles = {}          # bucket index -> (handle, grads, [(wire tensor, ctx)])
+        self._rt_sparse_handles = {}   # bucket index -> [(param, SparseHandle)] for sparse gradients
         self._rt_ready_order = []      # param indices in the order their gradient became final (first step only)
         self._rt_active = False        # a hook fired (or a bucket went out) since the last synchronize
 
@@ -165,15 +210,29 @@ class _DistributedOptimizerMixin:
             self._rt_submit(self._rt_buckets[index])
 
     def _rt_submit(self, bucket):
-        grads = []
+        grads, sparse = [], []
         for p in bucket.params:
             if p.grad is None:     # no gradient this step: zeros keep every rank's bucket identical
                 p.grad = torch.zeros_like(p)
+            if p.grad.is_sparse:   # nn.Embedding(sparse=True)
+                if not self._rt_sparse_as_dense:
+                    sparse.append(p)
+                    continue
+                p.grad = p.grad.to_dense()
             grads.append(p.grad)
         compressed = [self._rt_compression.compress(g) for g in grads]
-        handle = functions.grouped_allreduce_async_([wire for wire, _ in compressed], name=bucket.name,
-                                                    op=self._rt_op, **self._rt_scales)
+        handle = None
+        if grads:
+            handle = functions.grouped_allreduce_async_([wire for wire, _ in compressed], name=bucket.name,
+                                                        op=self._rt_op, process_set=self._rt_process_set,
+                                                        **self._rt_scales)
+        # sparse gradients travel as Horovod's do: allgather of indices and values (or dense, sparse_as_dense=True)
+        sparse_handles = [(p, functions.sparse_allreduce_async(p.grad, f"{bucket.name}.sparse{i}", self._rt_op,
+                                                               self._rt_process_set))
+                          for i, p in enumerate(sparse)]
         self._rt_handles[bucket.index] = (handle, grads, compressed)
+        if sparse_handles:
+            self._rt_sparse_handles[bucket.index] = sparse_handles
         self._rt_active = True
 
     # ------------------------------------------------------------ public API
@@ -187,17 +246,29 @@ class _DistributedOptimizerMixin:
             if self._rt_passes_left[id(p)] > 0:
                 self._rt_passes_left[id(p)] = 0
                 self._rt_mark_final(p)
+        try:
+            self._rt_wait_handles()
+            if not self._rt_layout_observed:
+                self._rt_rebuild_buckets_in_ready_order()
+        except BaseException:
+            # a failed collective (stall, shutdown) must not leave this optimizer waiting on dead handles forever:
+            # the next backward starts clean, e.g. after hvd.shutdown() and hvd.init()
+            self._rt_reset_step()
+            raise
+        self._rt_reset_step()
+        self._rt_synchronized = True
+
+    def _rt_wait_handles(self):
         with torch.no_grad():
             for index in sorted(self._rt_handles):
                 handle, grads, compressed = self._rt_handles[index]
-                handle.wait()
+                if handle is not None:
+                    handle.wait()
                 for grad, (wire, ctx) in zip(grads, compressed):
                     if wire is not grad:
                         grad.copy_(self._rt_compression.decompress(wire, ctx))
-        if not self._rt_layout_observed:
-            self._rt_rebuild_buckets_in_ready_order()
-        self._rt_reset_step()
-        self._rt_synchronized = True
+                for p, sparse_handle in self._rt_sparse_handles.get(index, ()):
+                    p.grad = sparse_handle.wait()
 
     def _rt_rebuild_buckets_in_ready_order(self):
         """As torch DDP: after the first step, lay buckets out in the order gradients actually became final, so the
@@ -206,8 +277,9 @@ class _DistributedOptimizerMixin:
         self._rt_layout_observed = True
         position = {id(p): i for i, p in enumerate(self._rt_params)}
         mine = [position[id(p)] + 1 for p in self._rt_ready_order]
-        order = torch.tensor(mine if functions.rank() == 0 else [0] * len(mine), dtype=torch.int64)
-        functions.allreduce_(order, op=Sum, name=self._rt_prefix + ".bucket_order")
+        first = self._rt_process_set.rank() == 0
+        order = torch.tensor(mine if first else [0] * len(mine), dtype=torch.int64)
+        functions.allreduce_(order, op=Sum, name=self._rt_prefix + ".bucket_order", process_set=self._rt_process_set)
         chosen = order.tolist()
         if sorted(chosen) != list(range(1, len(self._rt_params) + 1)):
             return   # rank 0 had already joined (all zeros): keep the current layout
@@ -225,7 +297,7 @@ class _DistributedOptimizerMixin:
         self._rt_steps += 1
         # RINGTRAIN_CHECK_EVERY=n: every n-th step, verify parameters are still identical on all ranks (collective;
         # do not combine with join(), where some ranks no longer step)
-        consistency.maybe_check(self._rt_steps, self._rt_named_parameters)
+        consistency.maybe_check(self._rt_steps, self._rt_named_parameters, self._rt_process_set)
         return result
 
     def _rt_named_parameters(self):
@@ -240,7 +312,44 @@ class _DistributedOptimizerMixin:
         finally:
             self._rt_should_synchronize = True
 
+    def set_backward_passes_per_step(self, passes):
+        """Change how many backward passes accumulate locally before one allreduce (takes effect from the next
+        backward pass; counts of the current one start over)."""
+        if int(passes) < 1:
+            raise ValueError(f"backward_passes_per_step must be >= 1, got {passes}")
+        self._rt_passes_per_step = int(passes)
+        self._rt_passes_left = {id(p): self._rt_passes_per_step for p in self._rt_params}
+
+    def load_state_dict(self, state_dict):
+        """Load optimizer state; gradients in flight are waited for and pending accumulation is dropped, so the
+        next backward pass starts a fresh step (as after step())."""
+        if self._rt_handles:
+            try:
+                self._rt_wait_handles()
+            finally:
+                self._rt_reset_step()
+        self._rt_reset_step()
+        self._rt_synchronized = False
+        return super().load_state_dict(state_dict)
+
+    def _rt_only_failed_handles(self):
+        """True when every pending allreduce has ended in an error (e.g. the engine failed and was shut down):
+        nothing writes into the gradients any more, so the pending step can simply be dropped."""
+        for handle, _, _ in self._rt_handles.values():
+            if handle is None:
+                continue
+            if not handle.poll():
+                return False
+            try:
+                handle.wait()
+                return False        # a successful result is still owed to the gradients by step()
+            except RingtrainError:
+                pass
+        return True
+
     def zero_grad(self, set_to_none=True):
+        if self._rt_handles and self._rt_only_failed_handles():
+            self._rt_reset_step()
         if self._rt_handles:
             raise RingtrainError(
                 "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
@@ -253,13 +362,19 @@ _wrapper_classes = {}
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none, backward_passes_per_step=1,
-                         op=Average, gradient_predivide_factor=1.0, bucket_cap_mb=25, first_bucket_mb=1.0):
+                         op=Average, gradient_predivide_factor=1.0, num_groups=0, groups=None, sparse_as_dense=False,
+                         process_set=global_process_set, bucket_cap_mb=25, first_bucket_mb=1.0):
     """Return `optimizer` wrapped for data-parallel training: still an instance of its own class (isinstance works),
-    with the same param_groups and state, whose step() first averages gradients over all ranks.
+    with the same param_groups and state, whose step() first averages gradients over the ranks of `process_set`.
 
     named_parameters: model.named_parameters(), for readable error messages (default names param.<i>).
-    compression: Compression.none | fp16 | bf16 for the wire. op: Average (default) or Sum.
-    bucket_cap_mb / first_bucket_mb: fusion sizes (the first bucket small so communication starts early).
+    compression: Compression.none | fp16 | bf16 for the wire. op: Average (default) or Sum (Adasum: not yet).
+    groups (Horovod's): an int k = k buckets of near-equal parameter count, or lists of parameters, one bucket each
+    (parameters in no list get a bucket each); num_groups is its older name. Without groups, buckets are laid out by
+    size (bucket_cap_mb, first_bucket_mb small so communication starts early) and re-laid in observed order.
+    sparse_as_dense: allreduce sparse gradients (nn.Embedding(sparse=True)) as dense tensors; by default they travel
+    as an allgather of indices and values, as Horovod's.
+    process_set: the ranks that train this model together (see add_process_set); every member must wrap it.
     """
     base = optimizer.__class__
     if isinstance(optimizer, _DistributedOptimizerMixin):
@@ -270,6 +385,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     wrapped = cls.__new__(cls)
     # same param_groups, state, defaults and hooks: the wrapper IS the user's optimizer, plus gradient hooks
     wrapped.__dict__.update(optimizer.__dict__)
+    if num_groups and groups is None:
+        groups = num_groups
     wrapped._rt_setup(named_parameters, compression, backward_passes_per_step, op, gradient_predivide_factor,
-                      bucket_cap_mb, first_bucket_mb)
+                      bucket_cap_mb, first_bucket_mb, groups, sparse_as_dense, process_set)
     return wrapped

@@ -102,6 +102,8 @@ _REDUCE_TYPES = {
     "float64": MPI.DOUBLE,
     "int8": MPI.INT8_T,
     "uint8": MPI.UINT8_T,
+    "int16": MPI.INT16_T,
+    "uint16": MPI.UINT16_T,
     "int32": MPI.INT32_T,
     "int64": MPI.INT64_T,
     "bool": MPI.C_BOOL,

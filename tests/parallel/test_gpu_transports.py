@@ -43,9 +43,9 @@ def inputs(size, dtype_name, op, seed):
         if dtype_name == "bool":
             v = rng.integers(0, 2, size)
         elif op == ReduceOp.PRODUCT:
-            v = rng.choice([1, 2] if dtype_name == "uint8" else [-1, 1, 2], size)
+            v = rng.choice([1, 2] if DTYPES[dtype_name].kind == "u" else [-1, 1, 2], size)
         else:
-            v = rng.integers(0, 11, size) - (0 if dtype_name == "uint8" else 5)
+            v = rng.integers(0, 11, size) - (0 if DTYPES[dtype_name].kind == "u" else 5)
         out.append(v.astype(DTYPES[dtype_name]))
     return out
 

@@ -59,9 +59,9 @@ def rank_inputs(size, dtype_name, op, seed, nranks):
         if dtype_name == "bool":
             values = rng.integers(0, 2, size)
         elif op == ReduceOp.PRODUCT:    # |product| <= 2**4: exact even in int8 and bfloat16
-            values = rng.choice([1, 2] if dtype_name == "uint8" else [-1, 1, 2], size)
+            values = rng.choice([1, 2] if DTYPES[dtype_name].kind == "u" else [-1, 1, 2], size)
         else:
-            values = rng.integers(0, 11, size) - (0 if dtype_name == "uint8" else 5)
+            values = rng.integers(0, 11, size) - (0 if DTYPES[dtype_name].kind == "u" else 5)
         out.append(values.astype(DTYPES[dtype_name]))
     return out
 
