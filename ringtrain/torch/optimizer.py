@@ -18,6 +18,7 @@ Semantics worth knowing:
   allreduces, and op=Average still divides by the full world size (as torch DDP's join does), i.e. the step uses
   sum(gradients of ranks that still have data) / size. Broadcast parameters from the rank join() returns afterwards.
 """
+import collections
 import contextlib
 import itertools
 import warnings
@@ -33,7 +34,9 @@ from .compression import Compression
 from .functions import Average, Sum, as_op
 
 _MB = 1 << 20
-_instance_counter = itertools.count()   # names stay distinct when one process wraps several optimizers
+# names stay distinct when one process wraps several optimizers; counted per process set, so an optimizer that only
+# a set's members create does not shift the names of the world's next optimizer on those ranks alone
+_instance_counters = collections.defaultdict(itertools.count)
 
 
 class _Bucket:
@@ -121,7 +124,10 @@ class _DistributedOptimizerMixin:
         self._rt_scales = (dict(prescale_factor=1.0 / gradient_predivide_factor,
                                 postscale_factor=gradient_predivide_factor)
                            if gradient_predivide_factor != 1.0 else {})
-        self._rt_prefix = f"DistributedOptimizer{next(_instance_counter)}"
+        set_id = process_set.process_set_id
+        number = next(_instance_counters[set_id])
+        self._rt_prefix = (f"DistributedOptimizer{number}" if set_id == 0
+                           else f"DistributedOptimizer.set{set_id}.{number}")
         self._rt_bucket_bytes = int(bucket_cap_mb * _MB)
         self._rt_first_bucket_bytes = int(first_bucket_mb * _MB)
 
