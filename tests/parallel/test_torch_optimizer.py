@@ -163,7 +163,8 @@ def test_first_allreduce_is_submitted_before_backward_ends(rt):
         submitted = [h.times["submitted"] for h, _, _ in opt._rt_handles.values()]
         seen.append((time.perf_counter(), min(submitted) if submitted else None, len(opt._rt_buckets)))
     first_layer.weight.register_post_accumulate_grad_hook(last_gradient_hook)
-    x = torch.randn(8, 64, generator=torch.Generator().manual_seed(rt.rank()))
+    inputs = [torch.randn(8, 64, generator=torch.Generator().manual_seed(r)) for r in range(rt.size())]
+    x = inputs[rt.rank()]                    # distinct rows on every rank
     for _ in range(3):                       # step 1: initial layout; later steps: rebuilt in observed order
         opt.zero_grad()
         model(x).sum().backward()
@@ -174,6 +175,16 @@ def test_first_allreduce_is_submitted_before_backward_ends(rt):
     assert opt._rt_buckets[0].name.endswith(".g1.bucket0")           # layout was rebuilt after step 1
     assert all(p is not first_layer.weight for p in opt._rt_buckets[0].params)
     assert_same_on_all_ranks(rt, model, "check.tower")
+    # one process on all ranks' rows: the mean over ranks of each rank's loss (a bucket reduced with Sum, or
+    # scaled wrongly, still agrees across ranks but not with this)
+    reference = Tower()
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.01)
+    for _ in range(3):
+        ref_opt.zero_grad()
+        (sum(reference(xr).sum() for xr in inputs) / rt.size()).backward()
+        ref_opt.step()
+    for (name, got), want in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=lambda m: f"tower {name}: {m}")
 
 
 class Branchy(torch.nn.Module):
