@@ -4,13 +4,19 @@ Each job is `mpiexec -n N python -m mpi4py -m pytest --with-mpi -x ... tests/par
 `-m mpi4py` makes a rank that fails (pytest exits non-zero after -x) call MPI_Abort, which ends the whole job at once
 instead of leaving the other ranks waiting in their next collective until the per-test timeout. On failure or timeout
 the job's process group is killed and this test fails with the tail of the ranks' output.
+Exit status 0 is not enough: each rank loads the pytest plugin tests/mpi_job_report.py, which ends it when MPI's world
+is not the size launched and writes what it passed and skipped; the job fails unless every rank of that world passed
+tests and skipped only GPU tests.
 
 Single parallel file, by hand:  mpiexec -n 3 python -m pytest --with-mpi tests/parallel/test_collectives.py
 
 Two more jobs run a focused set of files with RINGTRAIN_SIMULATE_NODES=2 (4 ranks as 2+2, 3 ranks as 2+1), so the
 public API is checked on pretend nodes: hierarchical allreduce, and the flat ring across the split.
 """
+import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,7 +32,10 @@ PARALLEL_DIR = os.path.join(REPO, "tests", "parallel")
 JOB_TIMEOUT_S = int(os.environ.get("RINGTRAIN_TEST_JOB_TIMEOUT_S", "900"))
 PER_TEST_TIMEOUT_S = 120
 OUTPUT_TAIL_CHARS = 30000
-NO_TESTS_COLLECTED = 5      # pytest's exit code
+TESTS_DIR = os.path.join(REPO, "tests")
+# the only skips a job may report: tests that need a GPU (this machine and CI have none); any other skip means a
+# test did not run where it should have, so the job fails even though pytest exits 0
+GPU_SKIP_REASON = re.compile(r"CUDA|GPU|cupy", re.IGNORECASE)
 
 # Test-run settings for the ranks; anything already set in the environment wins.
 RANK_ENVIRONMENT = {
@@ -42,16 +51,44 @@ def job_command(num_ranks, mpiexec, flavor, directory=PARALLEL_DIR):
     if flavor == "hydra":
         cmd.append("-prepend-rank")          # "[r] ..." on every line: whose output is whose
     return cmd + [sys.executable, "-m", "mpi4py", "-m", "pytest", "--with-mpi", "-x", "-q", "-p", "no:cacheprovider",
-                  f"--timeout={PER_TEST_TIMEOUT_S}", *([directory] if isinstance(directory, str) else directory)]
+                  "-p", "mpi_job_report", f"--timeout={PER_TEST_TIMEOUT_S}",
+                  *([directory] if isinstance(directory, str) else directory)]
 
 
-def job_environment():
+def job_environment(num_ranks, report_dir):
     env = dict(os.environ)
     for name, value in RANK_ENVIRONMENT.items():
         env.setdefault(name, value)
-    # the ranks import the ringtrain under test, installed or not
-    env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["RINGTRAIN_TEST_WORLD_SIZE"] = str(num_ranks)   # read by tests/mpi_job_report.py in every rank
+    env["RINGTRAIN_TEST_REPORT_DIR"] = report_dir
+    # the ranks import the ringtrain under test, installed or not (and the report plugin from tests/)
+    env["PYTHONPATH"] = os.pathsep.join([REPO, TESTS_DIR] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     return env
+
+
+def read_rank_reports(directory):
+    reports = []
+    for name in sorted(os.listdir(directory)):
+        with open(os.path.join(directory, name)) as f:
+            reports.append(json.load(f))
+    return reports
+
+
+def check_job_report(reports, num_ranks):
+    """From the ranks' own reports: '' when every rank of the expected world passed tests and skipped only GPU
+    tests, else why not. A job whose ranks all skip (a world of 1 sees only mpi(min_size=2) skips) exits 0: this is
+    what catches it."""
+    ranks = sorted(r["rank"] for r in reports)
+    if ranks != list(range(num_ranks)) or any(r["world_size"] != num_ranks for r in reports):
+        return (f"expected a report from each rank of a world of {num_ranks}, got ranks {ranks} of worlds "
+                f"{sorted({r['world_size'] for r in reports})}")
+    idle = [r["rank"] for r in reports if r["passed"] == 0]
+    if idle:
+        return f"ranks {idle} passed no tests"
+    other = sorted({reason for r in reports for reason in r["skipped"] if not GPU_SKIP_REASON.search(reason)})
+    if other:
+        return f"skips that are not GPU-only: {other[:10]}"
+    return ""
 
 
 def tail(path):
@@ -81,7 +118,8 @@ def run_job(num_ranks, directory, timeout_s, extra_env=None):
     """One mpiexec job of `pytest --with-mpi directory`; fails the calling test with the ranks' output tail."""
     mpiexec = run.find_mpiexec()
     cmd = job_command(num_ranks, mpiexec, run.mpi_flavor(mpiexec), directory)
-    env = job_environment()
+    report_dir = tempfile.mkdtemp(prefix=f"ringtrain-parallel-{num_ranks}-reports-")
+    env = job_environment(num_ranks, report_dir)
     env.update(extra_env or {})
     with tempfile.NamedTemporaryFile(prefix=f"ringtrain-parallel-{num_ranks}-", suffix=".log", delete=False) as log:
         log_path = log.name
@@ -104,11 +142,34 @@ def run_job(num_ranks, directory, timeout_s, extra_env=None):
         if returncode is None:
             pytest.fail(f"{num_ranks}-rank job did not finish within {timeout_s} s and was killed.\n"
                         f"command: {' '.join(cmd)}\n--- last ranks' output ---\n{output}", pytrace=False)
-        if returncode == NO_TESTS_COLLECTED and "no tests ran" in output:
-            pytest.skip(f"no tests collected in {directory}")
         if returncode != 0:
             pytest.fail(f"{num_ranks}-rank job failed (mpiexec exit status {returncode}, {elapsed:.0f} s).\n"
+                        f"command: {' '.join(cmd)}\n--- last ranks' output ---\n{output}", pytrace=False)
+        problem = check_job_report(read_rank_reports(report_dir), num_ranks)
+        if problem:
+            pytest.fail(f"{num_ranks}-rank job exited 0 but did not really run: {problem}\n"
                         f"command: {' '.join(cmd)}\n--- last ranks' output ---\n{output}", pytrace=False)
         print(f"{num_ranks}-rank job passed in {elapsed:.1f} s:\n{output[-2000:]}")
     finally:
         os.unlink(log_path)
+        shutil.rmtree(report_dir, ignore_errors=True)
+
+
+def report(rank, world=2, passed=9, skipped=("Skipped: no CUDA device",)):
+    return {"rank": rank, "world_size": world, "exitstatus": 0, "passed": passed, "failed": 0,
+            "skipped": list(skipped)}
+
+
+def test_job_report_accepts_passes_with_gpu_skips_only():
+    assert check_job_report([report(0), report(1)], 2) == ""
+
+
+def test_job_report_rejects_a_wrong_world_idle_ranks_and_other_skips():
+    singletons = [report(0, world=1), report(0, world=1)]
+    assert "from each rank of a world of 2" in check_job_report(singletons, 2)
+    assert "from each rank of a world of 3" in check_job_report([report(0, 3), report(1, 3)], 3)
+    all_skipped = [report(r, passed=0, skipped=["Skipped: Need at least 2 MPI processes"]) for r in range(2)]
+    assert "ranks [0, 1] passed no tests" in check_job_report(all_skipped, 2)
+    torchless = [report(r, 3, skipped=["Skipped: no CUDA device", "Skipped: could not import 'torch'"])
+                 for r in range(3)]
+    assert "could not import 'torch'" in check_job_report(torchless, 3)

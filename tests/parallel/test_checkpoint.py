@@ -4,10 +4,10 @@ import shutil
 import tempfile
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-import ringtrain.torch as hvd  # noqa: E402
-from ringtrain.torch.checkpoint import CheckpointError, load_checkpoint, save_checkpoint  # noqa: E402
+import ringtrain.torch as hvd
+from ringtrain.torch.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 
 pytestmark = pytest.mark.mpi(min_size=2)
 K = 3

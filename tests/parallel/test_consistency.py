@@ -1,10 +1,10 @@
 """Parameter consistency check on N ranks: identical parameters pass; one rank's drifted parameter is named."""
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-import ringtrain  # noqa: E402
-import ringtrain.torch as hvd  # noqa: E402
-from ringtrain.torch.consistency import (ParameterDivergenceError, check_parameters, describe_divergence,  # noqa: E402
+import ringtrain
+import ringtrain.torch as hvd
+from ringtrain.torch.consistency import (ParameterDivergenceError, check_parameters, describe_divergence,
                                          maybe_check, parameter_digest)
 
 pytestmark = pytest.mark.mpi(min_size=2)

@@ -7,6 +7,8 @@ Skipped (with reason "no CUDA device") where no GPU works. Inputs are small inte
 import numpy as np
 import pytest
 
+from mpi4py import MPI
+
 from ringtrain import gpu
 from ringtrain.config import Config
 from ringtrain.ops import DTYPES, ReduceOp
@@ -14,7 +16,6 @@ from ringtrain.transports.base import offsets
 from ringtrain.watchdog import Watchdog
 
 pytestmark = pytest.mark.skipif(not gpu.available(), reason="no CUDA device")
-MPI = pytest.importorskip("mpi4py.MPI")
 
 OPS = [ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT]
 SIZES = [0, 1, 7, 1001, 100003]
@@ -161,7 +162,7 @@ def test_torch_cuda_distributed_optimizer_equals_cpu_training(cp):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA")
-    hvd = pytest.importorskip("ringtrain.torch")
+    import ringtrain.torch as hvd
     hvd.init(transport="cuda_ipc")
     try:
         comm = MPI.COMM_WORLD

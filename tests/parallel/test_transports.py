@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 from ringtrain.config import Config
 from ringtrain.errors import RankFailureError
@@ -18,7 +19,6 @@ from ringtrain.ops import DTYPES, ReduceOp
 from ringtrain.transports.base import even_counts, offsets
 from ringtrain.watchdog import Watchdog
 
-MPI = pytest.importorskip("mpi4py.MPI")
 
 OPS = [ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT]
 SMALL_SIZES = [0, 1, 7, 211]          # 211: prime, several 128-byte ring segments for most dtypes
