@@ -1,10 +1,15 @@
-"""Each CUDA kernel against numpy, for every op and dtype, odd sizes and misaligned views (GPU only)."""
-import ml_dtypes
+"""Each CUDA kernel against numpy, for every op and dtype, odd sizes and misaligned views (GPU only).
+
+The references are plain numpy written out here, not ringtrain.ops (the host path the kernels must agree with,
+so a bug shared by both would pass). Kernels compute 16-bit floats in float32 and round once, as numpy's own
+float16 and ml_dtypes' bfloat16 ufuncs do, so every comparison is exact.
+"""
+import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
 import numpy as np
 import pytest
 
 from ringtrain import gpu
-from ringtrain.ops import DTYPES, ReduceOp, UFUNCS, scale_into
+from ringtrain.ops import DTYPES, ReduceOp
 
 pytestmark = pytest.mark.skipif(not gpu.available(), reason="no CUDA device")
 
@@ -38,6 +43,21 @@ def values(n, dtype_name, op, seed):
     return rng.integers(-100, 100, n).astype(dt)
 
 
+NUMPY_UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum,
+                ReduceOp.PRODUCT: np.multiply}
+
+
+def scaled(x, scale):
+    """x * scale in x's dtype: 16-bit floats multiply in float32 (the scale rounded to float32 too) and round once;
+    integers floor-divide when scale is exactly 1/k (Average's rule), as numpy's floor_divide."""
+    if x.dtype.kind in "iu":
+        k = round(1.0 / scale)
+        assert k * scale == 1.0, "the tests only scale integers by 1/k"
+        return np.floor_divide(x, x.dtype.type(k))
+    wide = np.float64 if x.dtype == np.float64 else np.float32
+    return (x.astype(wide) * wide(scale)).astype(x.dtype)
+
+
 def to_device(cp, host):
     """Upload through uint8 so that bfloat16 needs nothing from cupy but a view."""
     return cp.asarray(host.view(np.uint8)).view(host.dtype)
@@ -47,13 +67,11 @@ def to_host(array):
     return array.view(np.uint8).get().view(array.dtype)
 
 
-def assert_equal(got, want, what, rtol=0.0):
+def assert_equal(got, want, what):
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype}, expected {want.dtype}"
     got64, want64 = got.astype(np.float64), want.astype(np.float64)
-    if rtol:
-        np.testing.assert_allclose(got64, want64, rtol=rtol, atol=rtol, err_msg=what)
-    else:
-        bad = np.flatnonzero(got64 != want64)
-        assert bad.size == 0, f"{what}: {bad.size} of {got.size} wrong, first at {bad[0]}: {got[bad[0]]} != {want[bad[0]]}"
+    bad = np.flatnonzero(got64 != want64)
+    assert bad.size == 0, f"{what}: {bad.size} of {got.size} wrong, first at {bad[0]}: {got[bad[0]]} != {want[bad[0]]}"
 
 
 @pytest.mark.parametrize("dtype_name", KERNEL_DTYPES + ["bool"])
@@ -65,8 +83,7 @@ def test_reduce_matches_numpy(cp, kernels, op, dtype_name):
         a, b = values(n + 3, dtype_name, op, [n, 1]), values(n + 3, dtype_name, op, [n, 2])
         # aligned, equally misaligned (the vector body after a scalar head), and unequally misaligned (scalar path)
         for sa, sb in ((slice(0, n), slice(0, n)), (slice(1, n + 1), slice(1, n + 1)), (slice(1, n + 1), slice(0, n))):
-            want = a[sa].copy()
-            UFUNCS[op](want, b[sb], out=want)
+            want = NUMPY_UFUNCS[op](a[sa], b[sb])
             da, db = to_device(cp, a), to_device(cp, b)
             kernels.reduce(da[sa], db[sb], op)
             got = to_host(da)
@@ -82,10 +99,12 @@ def test_reduce_with_fused_average_scale(cp, kernels, dtype_name):
     a, b = values(n, dtype_name, ReduceOp.SUM, 5), values(n, dtype_name, ReduceOp.SUM, 6)
     da, db = to_device(cp, a), to_device(cp, b)
     kernels.reduce(da, db, ReduceOp.AVERAGE, scale=1.0 / nranks)
-    want = np.empty_like(a)
-    scale_into(want, a + b, 1.0 / nranks)          # integers: floor division, as the host path
-    rtol = {"float16": 2e-3, "bfloat16": 2e-2}.get(dtype_name, 1e-6 if dtype_name == "float32" else 0.0)
-    assert_equal(to_host(da), want, f"average {dtype_name}", rtol)
+    if a.dtype.kind in "iu":
+        want = scaled(a + b, 1.0 / nranks)           # the sum wraps in the dtype, then floor division
+    else:                                            # the sum is not rounded to the dtype before the scale
+        wide = np.float64 if a.dtype == np.float64 else np.float32
+        want = ((a.astype(wide) + b.astype(wide)) * wide(1.0 / nranks)).astype(a.dtype)
+    assert_equal(to_host(da), want, f"average {dtype_name}")
 
 
 @pytest.mark.parametrize("dtype_name", ["float32", "float16", "bfloat16", "int8", "int64", "float64"])
@@ -104,10 +123,10 @@ def test_pack_unpack_many_tensors_in_one_launch(cp, kernels, dtype_name):
         assert_equal(to_host(o), h, f"unpack {dtype_name} n={h.size}")
     kernels.unpack(buf[1:], outs, scale=0.25)
     for h, o in zip(host, outs):
-        want = np.empty_like(h)
-        scale_into(want, h, 0.25)
-        rtol = {"float16": 1e-3, "bfloat16": 1e-2}.get(dtype_name, 0.0)
-        assert_equal(to_host(o), want, f"unpack scaled {dtype_name} n={h.size}", rtol)
+        assert_equal(to_host(o), scaled(h, 0.25), f"unpack scaled {dtype_name} n={h.size}")
+    kernels.unpack(buf[1:], outs, scale=1.0 / 3)     # not a power of two: rounding shows
+    for h, o in zip(host, outs):
+        assert_equal(to_host(o), scaled(h, 1.0 / 3), f"unpack scaled by 1/3 {dtype_name} n={h.size}")
 
 
 def test_device_ops_zero_fill_and_skip(cp):

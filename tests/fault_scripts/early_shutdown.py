@@ -14,12 +14,13 @@ me = rt.rank()
 try:
     for step in range(10):
         if step == 2 and me == quitter:
-            say("SHUTTING DOWN EARLY")
+            say(f"SHUTTING DOWN EARLY at {time.time():.3f}")
             rt.shutdown()
-            time.sleep(2)        # stay alive: the others must notice the shutdown itself, not a dead process
+            time.sleep(6)        # stay alive: the others must notice the shutdown itself, not a dead process
             sys.exit(0)
         rt.allreduce(np.ones(100, np.float32), name=f"grad.step{step}")
 except rt.RingtrainError as e:
+    say(f"CAUGHT-AT {time.time():.3f}")
     caught("early_shutdown", e)
     sys.exit(1)
 say("NO ERROR although a rank shut down early")

@@ -1,0 +1,69 @@
+"""The Watchdog against real processes: a peer that exited (reaped or still a zombie) is found and named; a live one
+is not; a wait on a dead peer ends with RankFailureError instead of running into its timeout."""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ringtrain.errors import RankFailureError
+from ringtrain.watchdog import Watchdog
+
+
+@pytest.fixture
+def sleeper():
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def exited_child(reap):
+    """A child that has exited; reap=False leaves it a zombie (exited, not yet waited for) as a crashed peer
+    whose parent (the MPI process manager) has not collected it yet."""
+    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    if reap:
+        assert proc.wait(timeout=30) == 3
+    else:
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)     # wait for the exit, leave the zombie
+    return proc
+
+
+@pytest.mark.parametrize("reap", [True, False], ids=["reaped", "zombie"])
+def test_an_exited_peer_is_named(sleeper, reap):
+    dead = exited_child(reap)
+    try:
+        watchdog = Watchdog({1: sleeper.pid, 2: dead.pid}, peer_check_s=0.0)
+        with pytest.raises(RankFailureError, match=rf"rank 2 \(pid {dead.pid}\) has died while this rank waited "
+                                                   r"for the bucket"):
+            watchdog.check("the bucket")
+    finally:
+        dead.wait()
+
+
+def test_live_peers_pass_until_one_is_killed(sleeper):
+    watchdog = Watchdog({0: os.getpid(), 3: sleeper.pid}, peer_check_s=0.0)
+    watchdog.check("anything")                  # both alive: no error
+    sleeper.kill()
+    sleeper.wait()
+    with pytest.raises(RankFailureError, match=rf"rank 3 \(pid {sleeper.pid}\) has died"):
+        watchdog.check("anything")
+
+
+def test_a_wait_on_a_dead_peer_ends_long_before_its_timeout():
+    dead = exited_child(reap=True)
+    watchdog = Watchdog({1: dead.pid}, peer_check_s=0.05)
+    start = time.monotonic()
+    with pytest.raises(RankFailureError, match=rf"rank 1 \(pid {dead.pid}\) has died"):
+        watchdog.wait(lambda: False, "a message from rank 1", timeout=60)
+    assert time.monotonic() - start < 10
+
+
+def test_a_wait_that_completes_raises_nothing_and_an_abort_ends_any_wait(sleeper):
+    watchdog = Watchdog({1: sleeper.pid}, peer_check_s=0.0)
+    polls = iter(range(200))
+    watchdog.wait(lambda: next(polls) >= 100, "a flag")           # past the spin phase, into the checks
+    watchdog.abort_reason = "the engine stopped"
+    with pytest.raises(RankFailureError, match="the engine stopped"):
+        watchdog.wait(lambda: False, "a flag", timeout=60)
