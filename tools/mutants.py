@@ -1,0 +1,260 @@
+#!/usr/bin/env python
+"""Plant plausible bugs one at a time and check that the tests catch each one.
+
+    python tools/mutants.py                 # every mutant (a few minutes on a quiet 2-core machine)
+    python tools/mutants.py -k shm          # those whose name contains "shm"
+    python tools/mutants.py --list          # what would run
+
+For each mutant: copy the repository to a temporary directory, replace one exact piece of text in one file, run the
+mutant's tests there (single-process pytest or an mpiexec job of tests/parallel files, with PYTHONPATH pointing at the
+copy) and call it CAUGHT when a test fails. The working tree is never touched.
+
+Exit status is non-zero when a mutant SURVIVED (no test failed), is STALE (its text is not in the file exactly once:
+the code moved on, so update the mutant to plant the same bug in the new code) or INVALID (the mutated file does not
+compile), or when the tests already fail without any mutant (BASELINE). Run it whenever the engine, a transport or
+the optimizer changed. It is not part of CI: it takes minutes, and a stale mutant must not block a landing.
+"""
+import argparse
+import dataclasses
+import os
+import py_compile
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JOB_TIMEOUT_S = 300
+COPY_IGNORE = shutil.ignore_patterns(".git", ".venv", "venv", "__pycache__", "*.pyc", "build", "dist", "*.egg-info",
+                                     ".pytest_cache", "results")
+
+
+@dataclasses.dataclass(frozen=True)
+class Tests:
+    """pytest over `paths` (with `-k select`): one process when ranks == 0, else `mpiexec -n ranks`."""
+    paths: tuple
+    ranks: int = 0
+    select: str = ""
+
+    def describe(self):
+        where = f"mpiexec -n {self.ranks} " if self.ranks else ""
+        return where + " ".join(p.replace("tests/", "") for p in self.paths) + (f" -k '{self.select}'"
+                                                                                if self.select else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str          # file relative to the repository root
+    old: str           # must occur exactly once
+    new: str
+    tests: tuple       # of Tests; CAUGHT when any of them fails
+    why: str = ""
+
+
+FUSED = "tests/parallel/test_fused_allreduce.py"
+OPTIMIZER_REFERENCE = "tests/parallel/test_optimizer_reference.py"
+
+MUTANTS = [
+    Mutant("shm_reduce_skips_a_peer", "ringtrain/transports/shm.py",
+           "sources = [region(q, r, bases[q]) for q in peers]",
+           "sources = [region(q, r, bases[q]) for q in peers[1:]]",
+           (Tests((FUSED,), ranks=3, select="shm and grouped"),),
+           "each rank reduces its block from all peers but one (and does not push to it)"),
+    Mutant("shm_chunk_split_drops_remainders", "ringtrain/transports/shm.py",
+           "steps = [-(-c // k) for c in counts]",
+           "steps = [c // k for c in counts]",
+           (Tests((FUSED,), ranks=2, select="shm and grouped"),),
+           "an input larger than the shared region loses the last elements of every block"),
+    Mutant("ring_segments_off_by_one", "ringtrain/transports/ring.py",
+           "return [(lo, min(lo + seg, count)) for lo in range(0, count, seg)]",
+           "return [(lo, min(lo + seg - 1, count)) for lo in range(0, count, seg)]",
+           (Tests(("tests/test_ring_schedule.py",)),),
+           "every ring segment leaves out its last element"),
+    Mutant("even_counts_off_by_one", "ringtrain/transports/base.py",
+           "return [base + (1 if r < extra else 0) for r in range(size)]",
+           "return [base + (1 if r <= extra else 0) for r in range(size)]",
+           (Tests((FUSED,), ranks=2, select="grouped"),),
+           "the blocks of an allreduce no longer add up to the buffer"),
+    Mutant("unpack_scales_only_the_first_tensor", "ringtrain/fusion.py",
+           "scale_into(dst.reshape(-1), staging[offset:offset + n], scale)",
+           "scale_into(dst.reshape(-1), staging[offset:offset + n], scale if offset == 0 else 1.0)",
+           (Tests((FUSED,), ranks=2, select="shm and grouped"),),
+           "Average's 1/N (and postscale) reach the first tensor of a bucket only"),
+    Mutant("average_divides_by_size_minus_one", "ringtrain/engine.py",
+           "scale = postscale / self.size if meta.op == ReduceOp.AVERAGE else postscale",
+           "scale = postscale / (self.size - 1) if meta.op == ReduceOp.AVERAGE else postscale",
+           (Tests((FUSED,), ranks=3, select="shm and grouped"),),
+           "engine-internal: port to the rewritten engine"),
+    Mutant("optimizer_last_bucket_sums", "ringtrain/torch/optimizer.py",
+           "op=self._rt_op, **self._rt_scales)",
+           "op=Sum if 0 < bucket.index == len(self._rt_buckets) - 1 else self._rt_op, **self._rt_scales)",
+           (Tests((OPTIMIZER_REFERENCE,), ranks=2, select="several_small_buckets"),),
+           "with more than one bucket, the last one is summed instead of averaged"),
+    Mutant("optimizer_wrong_scale_for_one_bucket", "ringtrain/torch/optimizer.py",
+           "op=self._rt_op, **self._rt_scales)",
+           "op=self._rt_op, **(dict(postscale_factor=0.5) if bucket.index == 1 else self._rt_scales))",
+           (Tests((OPTIMIZER_REFERENCE,), ranks=2, select="several_small_buckets and sgd"),),
+           "the second bucket is halved"),
+    Mutant("agreement_key_ignores_scales", "ringtrain/negotiation.py",
+           "return (meta.kind, meta.dtype, shape, meta.op, meta.root, meta.device, meta.scales)",
+           "return (meta.kind, meta.dtype, shape, meta.op, meta.root, meta.device)",
+           (Tests(("tests/parallel/test_collectives.py",), ranks=2, select="mismatch and shm"),),
+           "ranks passing different prescale/postscale factors are not told"),
+    Mutant("agreement_key_ignores_op", "ringtrain/negotiation.py",
+           "return (meta.kind, meta.dtype, shape, meta.op, meta.root, meta.device, meta.scales)",
+           "return (meta.kind, meta.dtype, shape, meta.root, meta.device, meta.scales)",
+           (Tests(("tests/test_negotiation.py",)),),
+           "ranks reducing the same tensor with different ops are not told"),
+    Mutant("fusion_mixes_scales", "ringtrain/negotiation.py",
+           "key = (meta.dtype, meta.op, meta.device, meta.scales)",
+           "key = (meta.dtype, meta.op, meta.device)",
+           (Tests((FUSED,), ranks=2, select="shm and concurrent"),),
+           "tensors with different scales share a bucket, which has one scale"),
+    Mutant("watchdog_never_fires", "ringtrain/watchdog.py",
+           "if not _alive(pid):",
+           "if False and not _alive(pid):",
+           (Tests(("tests/test_watchdog.py",)),
+            Tests(("tests/test_faults.py",), select="sigkill_mid_allreduce and 2")),
+           "a dead peer is never noticed"),
+    Mutant("watchdog_takes_zombies_for_alive", "ringtrain/watchdog.py",
+           'return state not in (b"Z", b"X")',
+           "return True",
+           (Tests(("tests/test_watchdog.py",)),),
+           "a peer that died but was not yet reaped by its parent counts as alive"),
+]
+
+
+def copy_repo(destination):
+    shutil.copytree(REPO, destination, ignore=COPY_IGNORE, symlinks=True)
+
+
+def apply(mutant, root):
+    """Plant the mutant in the tree at root. Returns '' or why it cannot be planted (STALE / INVALID)."""
+    path = os.path.join(root, mutant.path)
+    if not os.path.exists(path):
+        return f"STALE: {mutant.path} does not exist"
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    count = text.count(mutant.old)
+    if count != 1:
+        return f"STALE: the target text occurs {count} times in {mutant.path}, expected once"
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text.replace(mutant.old, mutant.new))
+    if path.endswith(".py"):
+        try:
+            py_compile.compile(path, doraise=True, cfile=os.path.join(tempfile.gettempdir(), "mutant-check.pyc"))
+        except py_compile.PyCompileError as error:
+            return f"INVALID: the mutated file does not compile: {error.msg.strip().splitlines()[-1]}"
+    return ""
+
+
+def find_mpiexec():
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return here if os.path.exists(here) else shutil.which("mpiexec")
+
+
+def command(tests):
+    pytest = ["-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--timeout=120", *tests.paths]
+    if tests.select:
+        pytest += ["-k", tests.select]
+    if not tests.ranks:
+        return [sys.executable, *pytest]
+    return [find_mpiexec(), "-n", str(tests.ranks), sys.executable, "-m", "mpi4py", *pytest, "--with-mpi"]
+
+
+def run_tests(tests, root):
+    """(passed, seconds, output tail) of one test command run in the tree at root."""
+    env = dict(os.environ, PYTHONPATH=root, OMP_NUM_THREADS="1", RINGTRAIN_STALL_TIMEOUT_S="30")
+    if tests.ranks:
+        env["RINGTRAIN_TEST_WORLD_SIZE"] = str(tests.ranks)
+    start = time.monotonic()
+    proc = subprocess.Popen(command(tests), cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=JOB_TIMEOUT_S)
+        passed = proc.returncode == 0
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        output += b"\n(killed after %d s)" % JOB_TIMEOUT_S
+        passed = False
+    return passed, time.monotonic() - start, output.decode(errors="replace")[-3000:]
+
+
+def check_imports_from(root):
+    """The copy, not an installed ringtrain, must be what the tests import."""
+    out = subprocess.run([sys.executable, "-c", "import ringtrain; print(ringtrain.__file__)"], cwd=root,
+                         env=dict(os.environ, PYTHONPATH=root), capture_output=True, text=True, check=True).stdout
+    if not os.path.realpath(out.strip()).startswith(os.path.realpath(root)):
+        raise SystemExit(f"tests in {root} would import ringtrain from {out.strip()}; cannot mutate")
+
+
+def run_mutant(mutant, verbose):
+    with tempfile.TemporaryDirectory(prefix="ringtrain-mutant-") as scratch:
+        root = os.path.join(scratch, "repo")
+        copy_repo(root)
+        problem = apply(mutant, root)
+        if problem:
+            return problem.split(":")[0], problem, 0.0
+        total = 0.0
+        for tests in mutant.tests:
+            passed, seconds, output = run_tests(tests, root)
+            total += seconds
+            if not passed:
+                if verbose:
+                    print(output)
+                return "CAUGHT", f"by {tests.describe()}", total
+        return "SURVIVED", "no test failed: " + "; ".join(t.describe() for t in mutant.tests), total
+
+
+def run_baseline(mutants):
+    """Every distinct test command once on the unmutated copy: a failure here would make every mutant 'caught'."""
+    with tempfile.TemporaryDirectory(prefix="ringtrain-mutant-baseline-") as scratch:
+        root = os.path.join(scratch, "repo")
+        copy_repo(root)
+        check_imports_from(root)
+        failed = []
+        for tests in dict.fromkeys(t for m in mutants for t in m.tests):
+            passed, seconds, output = run_tests(tests, root)
+            print(f"  baseline {'ok    ' if passed else 'FAILED'} {seconds:5.1f} s  {tests.describe()}", flush=True)
+            if not passed:
+                failed.append((tests, output))
+        return failed
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-k", dest="select", default="", help="only mutants whose name contains this")
+    parser.add_argument("--list", action="store_true", help="list the mutants and their tests, run nothing")
+    parser.add_argument("--no-baseline", action="store_true", help="skip running the tests without a mutant first")
+    parser.add_argument("-v", "--verbose", action="store_true", help="print the failing output of caught mutants")
+    args = parser.parse_args(argv)
+    mutants = [m for m in MUTANTS if args.select in m.name]
+    if args.list:
+        for m in mutants:
+            print(f"{m.name:40} {m.path:32} {'; '.join(t.describe() for t in m.tests)}")
+        return 0
+    if not args.no_baseline:
+        print("tests without a mutant:", flush=True)
+        failed = run_baseline(mutants)
+        if failed:
+            for tests, output in failed:
+                print(f"\nBASELINE: {tests.describe()} fails without any mutant:\n{output}")
+            return 2
+    print(f"\n{'mutant':40} {'result':9} {'time':>7}  detail", flush=True)
+    results = []
+    for m in mutants:
+        status, detail, seconds = run_mutant(m, args.verbose)
+        results.append(status)
+        print(f"{m.name:40} {status:9} {seconds:6.1f}s  {detail}", flush=True)
+    bad = [s for s in results if s != "CAUGHT"]
+    print(f"\n{len(results) - len(bad)} of {len(results)} mutants caught"
+          + (f"; {len(bad)} not ({', '.join(sorted(set(bad)))})" if bad else ""))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
