@@ -184,11 +184,7 @@ class RingtrainAPI:
         self.name = f"ringtrain-{transport}"
 
     def start(self):
-        try:
-            import ringtrain as rt
-            rt.init  # noqa: B018 - the core API may not have landed yet
-        except (ImportError, AttributeError) as exc:
-            raise Unavailable(f"ringtrain core API not importable ({exc})")
+        import ringtrain as rt
         self.rt = rt
         if self.device == "cuda":
             cupy = _require_gpu()
@@ -196,9 +192,11 @@ class RingtrainAPI:
                 _require_gpu_per_rank(self.comm, cupy)
         try:
             rt.init(transport=self.transport)
-        except Exception as exc:  # e.g. the transport's module has not landed: skip this impl, keep the run
+        except Exception as exc:  # a GPU transport this machine cannot run is a skip; a host transport must work
             if rt.is_initialized():
                 rt.shutdown()
+            if self.device == "cpu":
+                raise
             raise Unavailable(f"rt.init(transport={self.transport!r}) failed: {type(exc).__name__}: {exc}")
         # the device transport is only built at the first device collective: checked in runner()'s check
         used = rt.transport_name(device=self.device) if self.device == "cpu" else self.transport
@@ -269,13 +267,10 @@ class RawTransport:
         self.name = f"ringtrain-{transport}-raw"
 
     def start(self):
-        try:
-            from ringtrain.config import Config
-            from ringtrain.transports import transport_class
-            from ringtrain.watchdog import Watchdog
-            cls = transport_class(self.transport)
-        except Exception as exc:  # the module may not exist yet: skip, do not fail the whole run
-            raise Unavailable(f"transport {self.transport!r} not importable ({exc})")
+        from ringtrain.config import Config
+        from ringtrain.transports import transport_class
+        from ringtrain.watchdog import Watchdog
+        cls = transport_class(self.transport)
         node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
         on_one_node = node.Get_size() == self.comm.Get_size()
         node.Free()
@@ -502,11 +497,16 @@ def agree(comm, ok):
 
 def run_impl(impl, comm, sizes, dtypes, args, log):
     records, rank, ranks = [], comm.Get_rank(), comm.Get_size()
-    reason = None
+    reason = failure = None
     try:
         impl.start()
     except Unavailable as exc:
         reason = str(exc)
+    except Exception as exc:  # broken, not unavailable: every rank stops with it (one rank alone would hang the rest)
+        failure = f"rank {rank}: {type(exc).__name__}: {exc}"
+    failures = [f for f in comm.allgather(failure) if f]
+    if failures:
+        raise RuntimeError(f"{impl.name} failed to start: {failures[0]}")
     if not agree(comm, reason is None):
         reasons = [r for r in comm.allgather(reason) if r]
         log(f"# {impl.name}: skipped ({reasons[0]})")
