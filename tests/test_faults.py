@@ -70,9 +70,10 @@ def _kill_group(proc):
 
 
 # Hydra SIGKILLs every rank within about a second of one dying by a signal (even with -disable-auto-cleanup), often
-# before the survivors' watchdogs can speak. Under this shell each rank's process manager child outlives a rank killed
-# by a signal, so hydra only cleans up once the survivors have ended by themselves: ringtrain must do it alone.
-OUTLIVE_A_KILLED_RANK = 'python "$0" "$@"; status=$?; if [ $status -gt 128 ]; then sleep 30; fi; exit $status'
+# before the survivors' watchdogs can speak. Under this shell, hydra's child outlives a rank killed by a signal by
+# OUTLIVE_S, so hydra learns of the death only after the survivors' watchdogs (peer check every 0.2 s) had ample time.
+OUTLIVE_S = 8
+OUTLIVE_A_KILLED_RANK = f'python "$0" "$@"; s=$?; if [ $s -gt 128 ]; then sleep {OUTLIVE_S}; fi; exit $s'
 
 
 def run_job(script, n, *args, launcher_args=(), outlive_killed_rank=False, **env):
