@@ -76,7 +76,7 @@ MUTANTS = [
     Mutant("even_counts_off_by_one", "ringtrain/transports/base.py",
            "return [base + (1 if r < extra else 0) for r in range(size)]",
            "return [base + (1 if r <= extra else 0) for r in range(size)]",
-           (Tests((FUSED,), ranks=2, select="grouped"),),
+           (Tests(("tests/test_ring_schedule.py",)), Tests((FUSED,), ranks=2, select="grouped")),
            "the blocks of an allreduce no longer add up to the buffer"),
     Mutant("unpack_scales_only_the_first_tensor", "ringtrain/fusion.py",
            "scale_into(dst.reshape(-1), staging[offset:offset + n], scale)",
