@@ -177,10 +177,12 @@ def test_exception_in_training_loop_ends_job_and_names_rank():
     job = run_job("raise_in_loop.py", 3)
     assert job.returncode != 0, job
     assert job.seconds < MUST_END_S, job
-    # not the script's own exception text: ringtrain's error on each survivor names the rank that left
-    for rank in (0, 2):
-        line = job.caught(rank)
-        assert line and re.search(r"RankFailureError|ShutdownError", line), job
+    # not the script's own exception text: ringtrain's error on the survivors names the rank that left. Once one
+    # survivor exits non-zero hydra may kill the other before it prints, so: at least one, and every one that did
+    lines = [job.caught(rank) for rank in (0, 2) if job.caught(rank)]
+    assert lines, job
+    for line in lines:
+        assert re.search(r"RankFailureError|ShutdownError", line), job
         assert re.search(r"\brank 1\b", line.split("CAUGHT", 1)[1]), job
     _assert_no_leftovers(job.pids())
 
