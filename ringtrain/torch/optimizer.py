@@ -24,6 +24,7 @@ import itertools
 import warnings
 
 import torch
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ringtrain.errors import RingtrainError, TensorMismatchError
 from ringtrain.model_check import describe_model_mismatch
@@ -187,7 +188,7 @@ class _DistributedOptimizerMixin:
     def _rt_reset_step(self):
         self._rt_passes_left = {id(p): self._rt_passes_per_step for p in self._rt_params}
         self._rt_pending = [len(b.params) for b in self._rt_buckets]   # grads not yet final, per bucket
-        self._rt_handles = {}          # bucket index -> (handle, grads, [(wire tensor, ctx)])
+        self._rt_handles = {}          # bucket index -> (handle, grads, [(wire tensor, ctx)], flat bucket or None)
         self._rt_sparse_handles = {}   # bucket index -> [(param, SparseHandle)] for sparse gradients
         self._rt_ready_order = []      # param indices in the order their gradient became final (first step only)
         self._rt_active = False        # a hook fired (or a bucket went out) since the last synchronize
@@ -226,9 +227,17 @@ class _DistributedOptimizerMixin:
                     continue
                 p.grad = p.grad.to_dense()
             grads.append(p.grad)
-        compressed = [self._rt_compression.compress(g) for g in grads]
-        handle = None
-        if grads:
+        handle = flat = None
+        compressed = []
+        if len(grads) > 1 and len({(g.dtype, g.device) for g in grads}) == 1:
+            # DDP's trick: the bucket travels as ONE flat tensor -- packed by one C++ call, one array for the engine
+            # (no per-tensor work below this line), copied back by one _foreach_copy_ in synchronize()
+            flat = _flatten_dense_tensors(grads)
+            compressed = [self._rt_compression.compress(flat)]
+            handle = functions.allreduce_async_(compressed[0][0], name=bucket.name, op=self._rt_op,
+                                                process_set=self._rt_process_set, **self._rt_scales)
+        elif grads:
+            compressed = [self._rt_compression.compress(g) for g in grads]
             handle = functions.grouped_allreduce_async_([wire for wire, _ in compressed], name=bucket.name,
                                                         op=self._rt_op, process_set=self._rt_process_set,
                                                         **self._rt_scales)
@@ -236,7 +245,7 @@ class _DistributedOptimizerMixin:
         sparse_handles = [(p, functions.sparse_allreduce_async(p.grad, f"{bucket.name}.sparse{i}", self._rt_op,
                                                                self._rt_process_set))
                           for i, p in enumerate(sparse)]
-        self._rt_handles[bucket.index] = (handle, grads, compressed)
+        self._rt_handles[bucket.index] = (handle, grads, compressed, flat)
         if sparse_handles:
             self._rt_sparse_handles[bucket.index] = sparse_handles
         self._rt_active = True
@@ -267,9 +276,14 @@ class _DistributedOptimizerMixin:
     def _rt_wait_handles(self):
         with torch.no_grad():
             for index in sorted(self._rt_handles):
-                handle, grads, compressed = self._rt_handles[index]
+                handle, grads, compressed, flat = self._rt_handles[index]
                 if handle is not None:
                     handle.wait()
+                if flat is not None:
+                    (wire, ctx), = compressed
+                    reduced = flat if wire is flat else self._rt_compression.decompress(wire, ctx)
+                    torch._foreach_copy_(grads, _unflatten_dense_tensors(reduced, grads))
+                    continue
                 for grad, (wire, ctx) in zip(grads, compressed):
                     if wire is not grad:
                         grad.copy_(self._rt_compression.decompress(wire, ctx))
@@ -341,7 +355,7 @@ class _DistributedOptimizerMixin:
     def _rt_only_failed_handles(self):
         """True when every pending allreduce has ended in an error (e.g. the engine failed and was shut down):
         nothing writes into the gradients any more, so the pending step can simply be dropped."""
-        for handle, _, _ in self._rt_handles.values():
+        for handle, *_ in self._rt_handles.values():
             if handle is None:
                 continue
             if not handle.poll():

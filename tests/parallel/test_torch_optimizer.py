@@ -160,7 +160,7 @@ def test_first_allreduce_is_submitted_before_backward_ends(rt):
     seen = []
 
     def last_gradient_hook(param):           # registered after the optimizer's hooks: runs after them
-        submitted = [h.times["submitted"] for h, _, _ in opt._rt_handles.values()]
+        submitted = [h.times["submitted"] for h, *_ in opt._rt_handles.values()]
         seen.append((time.perf_counter(), min(submitted) if submitted else None, len(opt._rt_buckets)))
     first_layer.weight.register_post_accumulate_grad_hook(last_gradient_hook)
     inputs = [torch.randn(8, 64, generator=torch.Generator().manual_seed(r)) for r in range(rt.size())]
