@@ -13,7 +13,8 @@ _state = None     # (topology, engine, config, gpu_id) while initialised
 
 def init(comm=None, process_sets=None, **config_overrides):
     """Start ringtrain on `comm` (default MPI.COMM_WORLD): topology, GPU binding, transports, engine thread.
-    process_sets: ProcessSets (or lists of world ranks) to register right away, as add_process_set() would.
+    process_sets: ProcessSets (or lists of world ranks) to register right away, as add_process_set() would
+    ("dynamic", Horovod's switch for adding sets later, is accepted: sets can always be added and removed).
     Keyword arguments override RINGTRAIN_* settings (see ringtrain.config.Config). Calling init() twice is a no-op."""
     global _state
     with _lock:
@@ -40,6 +41,8 @@ def init(comm=None, process_sets=None, **config_overrides):
     atexit.register(_shutdown_at_exit)
     from . import process_sets as sets
     sets.global_process_set.ranks = list(range(topology.size))
+    if process_sets == "dynamic":     # Horovod's switch for add/remove after init: always on here
+        process_sets = ()
     for process_set in process_sets or ():
         sets.add_process_set(process_set)
 

@@ -23,7 +23,7 @@ def usable(tag):
 def restore_world():
     yield
     rt.shutdown()
-    rt.init()
+    rt.init(process_sets="dynamic")        # Horovod's spelling; sets can always be added later here
 
 
 @pytest.mark.mpi(min_size=2)
