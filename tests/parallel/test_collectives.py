@@ -83,13 +83,17 @@ def test_allreduce_every_dtype_op_size(transport):
                                    atol=0, err_msg=f"{name} on {transport}")
 
 
+@pytest.mark.parametrize("op", [rt.Sum, rt.Average])
 @pytest.mark.parametrize("dtype", [np.float32, np.int8, DTYPES["bfloat16"]])
-def test_allreduce_large(transport, dtype):
+def test_allreduce_large(transport, dtype, op):
+    """One large array: the path without pack/unpack, where the 1/N of Average is applied inside the transport."""
     r, n = rt.rank(), rt.size()
-    x = data(r, (LARGE,), dtype, rt.Sum, 7)
-    got = rt.allreduce(x, op=rt.Sum, name=f"large.{np.dtype(dtype).name}")
-    want = reference([data(k, (LARGE,), dtype, rt.Sum, 7) for k in range(n)], rt.Sum, dtype)
-    np.testing.assert_array_equal(got, want)
+    x = data(r, (LARGE,), dtype, op, 7)
+    kept = x.copy()
+    got = rt.allreduce(x, op=op, name=f"large.{np.dtype(dtype).name}.{op.name}")
+    want = reference([data(k, (LARGE,), dtype, op, 7) for k in range(n)], op, dtype)
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tolerance(dtype, op), atol=0)
+    np.testing.assert_array_equal(x, kept)          # out of place: the input is left as it was
 
 
 def test_inplace_and_scales(transport):
