@@ -12,8 +12,11 @@ import ringtrain as rt
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
-# empty, scalar-like, prime, 2-D, a zero-size middle dim, and one tensor larger than the fusion threshold below
-SHAPES = [(0,), (1,), (7,), (3, 5), (2, 0, 3), (4099,), (33, 64), (5,)]
+# empty, scalar-like, prime, 2-D, a zero-size middle dim, and one tensor larger than the fusion threshold below;
+# "large" adds a tensor that takes a group past shm's one-barrier small path (64 KB) and past its shared region
+# (the fusion threshold), so the chunked reduce-scatter/allgather path runs too
+SHAPES = {"small": [(0,), (1,), (7,), (3, 5), (2, 0, 3), (4099,), (33, 64), (5,)]}
+SHAPES["large"] = SHAPES["small"][:3] + [(20011,)] + SHAPES["small"][3:]
 FUSION_BYTES = 16 << 10
 # (op, prescale, postscale): powers of two keep the scaling exact
 CASES = [(rt.Average, 1.0, 1.0), (rt.Average, 2.0, 0.25), (rt.Sum, 1.0, 1.0), (rt.Sum, 0.5, 4.0),
@@ -32,15 +35,15 @@ def transport(request):
         rt.init()
 
 
-def rank_inputs(rank, salt, dtype=np.float64):
+def rank_inputs(rank, salt, dtype=np.float64, sizes="small"):
     rng = np.random.default_rng([rank, salt])
-    return [rng.standard_normal(shape).astype(dtype) for shape in SHAPES]
+    return [rng.standard_normal(shape).astype(dtype) for shape in SHAPES[sizes]]
 
 
-def reference(salt, op, prescale, postscale, dtype=np.float64):
+def reference(salt, op, prescale, postscale, dtype=np.float64, sizes="small"):
     n = rt.size()
-    stacks = [np.stack([rank_inputs(r, salt, dtype)[i].astype(np.float64) * prescale for r in range(n)])
-              for i in range(len(SHAPES))]
+    stacks = [np.stack([rank_inputs(r, salt, dtype, sizes)[i].astype(np.float64) * prescale for r in range(n)])
+              for i in range(len(SHAPES[sizes]))]
     reduce = {rt.Average: np.sum, rt.Sum: np.sum, rt.Max: np.max, rt.Min: np.min}[op]
     divisor = n if op == rt.Average else 1
     return [reduce(s, axis=0) * postscale / divisor for s in stacks]
@@ -53,14 +56,16 @@ def check(got, want, what, rtol=1e-12):
         np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol, err_msg=f"{what}: tensor {i} of shape {w.shape}")
 
 
+@pytest.mark.parametrize("sizes", sorted(SHAPES))
 @pytest.mark.parametrize("case", range(len(CASES)))
-def test_grouped_allreduce_packs_scales_and_unpacks(transport, case):
+def test_grouped_allreduce_packs_scales_and_unpacks(transport, case, sizes):
     op, prescale, postscale = CASES[case]
-    mine = rank_inputs(rt.rank(), case)
+    mine = rank_inputs(rt.rank(), case, sizes=sizes)
     before = [a.copy() for a in mine]
     got = rt.grouped_allreduce(mine, op=op, prescale_factor=prescale, postscale_factor=postscale,
-                               name=f"fused.{case}")
-    check(got, reference(case, op, prescale, postscale), f"{op.name} x{prescale} x{postscale} on {transport}")
+                               name=f"fused.{case}.{sizes}")
+    check(got, reference(case, op, prescale, postscale, sizes=sizes),
+          f"{sizes} {op.name} x{prescale} x{postscale} on {transport}")
     for a, b in zip(mine, before):
         np.testing.assert_array_equal(a, b)       # out of place: the inputs are untouched
 
@@ -82,6 +87,18 @@ def test_concurrent_groups_with_different_ops_and_scales_are_not_mixed(transport
         check(results[case], reference(100 + case, op, prescale, postscale), f"mixed case {case} on {transport}")
     check(float32, reference(99, rt.Average, 1.0, 1.0, np.float32), f"float32 group on {transport}", rtol=1e-5)
     check([single.wait(timeout=60)], [reference(98, rt.Sum, 1.0, 0.5)[6]], f"single tensor on {transport}")
+
+
+@pytest.mark.parametrize("round_", [1, 2])
+def test_small_tensors_in_flight_together_keep_their_own_op_and_scales(transport, round_):
+    """Small enough to share one fusion bucket: they may be fused only with tensors that reduce the same way. Two
+    rounds with the same names: the first is negotiated, the second takes whatever cached path the engine has."""
+    handles = [rt.allreduce_async(rank_inputs(rt.rank(), 200 + case)[2], op=op, name=f"small.{case}",
+                                  prescale_factor=prescale, postscale_factor=postscale)
+               for case, (op, prescale, postscale) in enumerate(CASES)]
+    for case, ((op, prescale, postscale), handle) in enumerate(zip(CASES, handles)):
+        check([handle.wait(timeout=60)], [reference(200 + case, op, prescale, postscale)[2]],
+              f"round {round_}, small tensor of case {case} on {transport}")
 
 
 def test_in_place_group_with_averaging_and_scales(transport):
