@@ -250,14 +250,14 @@ class Engine:
                 reqs = [self._take(name) for name in action.names]
                 try:
                     self.executor.run(action, reqs)
-                except RankFailureError:
-                    raise
-                except Exception as e:  # a local failure on one collective must not take the engine down
+                except Exception as e:
                     wrapped = e if isinstance(e, RingtrainError) else RingtrainError(
                         f"rank {self.rank}: {kind} of {', '.join(map(repr, action.names[:4]))} failed: {e!r}")
-                    for r in reqs:
+                    for r in reqs:      # taken from self.requests: _fail() would no longer see them
                         if r is not None:
                             r.handle._set_error(wrapped)
+                    if isinstance(e, RankFailureError):
+                        raise           # a dead peer is fatal to the engine; a local failure on one collective is not
 
     def _take(self, name):
         req = self.requests.pop(name, None)
