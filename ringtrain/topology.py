@@ -1,11 +1,11 @@
 """World, node-local and cross-node communicators, the layout of the nodes, and the pids of this node's ranks
 (for the watchdog).
 
-A node is the ranks that share memory (`COMM_TYPE_SHARED`, where a shared window really works). `simulate_nodes=k` (RINGTRAIN_SIMULATE_NODES) splits
-the world's ranks into k pretend nodes -- contiguous blocks of ranks, as even as possible, so 3 ranks become 2+1 --
-and everything that asks "which ranks share a node" (transport choice, the shared-memory window, GPU IPC, the
-watchdog) sees the pretend nodes. That is how tests and benchmarks exercise the inter-node path on one machine:
-traffic between pretend nodes can only take the inter-node transport (MPI).
+A node is the ranks that share memory (`COMM_TYPE_SHARED`, where a shared window really works).
+`simulate_nodes=k` (RINGTRAIN_SIMULATE_NODES) splits the world's ranks into k pretend nodes -- contiguous blocks of
+ranks, as even as possible, so 3 ranks become 2+1 -- and everything that asks "which ranks share a node" (transport
+choice, the shared-memory window, GPU IPC, the watchdog) sees the pretend nodes. That is how tests and benchmarks
+exercise the inter-node path on one machine: traffic between pretend nodes can only take the inter-node transport.
 """
 import os
 import socket
@@ -75,11 +75,6 @@ class Topology:
         self.host = f"{hostname}/node{self.node_index}" if simulate_nodes else hostname
         local_ids = self.local.allgather((self.rank, os.getpid()))
         self.local_peers = {r: pid for r, pid in local_ids if r != self.rank}
-
-    @property
-    def nodes_are_contiguous(self):
-        """Every node holds a contiguous range of world ranks, in node order (block placement, pretend nodes)."""
-        return [r for node in self.nodes for r in node] == list(range(self.size))
 
     def free(self):
         for c in (self.local, self.cross):
