@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -78,9 +79,23 @@ def _spark_session():
 
 def _ray_instance():
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    temp_dir = tempfile.mkdtemp(prefix="rtray")      # short: Ray puts unix sockets in it
+    for attempt in (1, 2):
+        try:
+            # a new local instance with its own temp dir: never another job's Ray on a shared machine
+            ray.init(address="local", _temp_dir=temp_dir, num_cpus=2,
+                     include_dashboard=False, log_to_driver=False, configure_logging=False)
+            break
+        except Exception:     # Ray waits a fixed 30 s for its raylet: a heavily loaded machine can miss that once
+            ray.shutdown()
+            if attempt == 2:
+                raise
     import ringtrain.ray
-    return (lambda fn, **kwargs: ringtrain.ray.run(fn, kwargs=kwargs, num_workers=2)), ray.shutdown
+
+    def stop():
+        ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    return (lambda fn, **kwargs: ringtrain.ray.run(fn, kwargs=kwargs, num_workers=2)), stop
 
 
 @pytest.fixture(scope="module", params=["spark", "ray"])
