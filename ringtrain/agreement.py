@@ -259,21 +259,11 @@ class SharedWindowAgreement(CoordinatorAgreement):
         return self._fast_actions(ready, parity)
 
     def _wait_for_peers(self, c):
-        seqs, waiting = self._seqs, list(self._peers)
-
-        def everyone_arrived():
-            while waiting:
-                if seqs[waiting[-1]][0] < c:
-                    return False
-                waiting.pop()
-            return True
-
-        timeout = self.config.stall_timeout_s
-        try:
-            self.watchdog.wait(everyone_arrived, f"agreement cycle {c}", timeout=timeout)
-        except TimeoutError:
-            raise StallError(f"rank {self.rank}: ranks {sorted(waiting)} did not reach agreement cycle {c} within "
-                             f"{timeout:g} s (their engines stopped answering)") from None
+        seqs, timeout = self._seqs, self.config.stall_timeout_s
+        missing = self.watchdog.wait_for_all(self._peers, lambda p: seqs[p][0] >= c, f"agreement cycle {c}", timeout)
+        if missing:
+            raise StallError(f"rank {self.rank}: ranks {missing} did not reach agreement cycle {c} within "
+                             f"{timeout:g} s (their engines stopped answering)")
 
     def _publish_eager(self, parity):
         """Our lowest pending eager-able request's id and data into this cycle's eager slot (or id -1)."""

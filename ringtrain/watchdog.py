@@ -77,6 +77,25 @@ class Watchdog:
             if timeout is not None and time.monotonic() - start > timeout:
                 raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
 
+    def wait_for_all(self, peers, arrived, what, timeout):
+        """Wait until arrived(p) holds for every p in peers -- a barrier on flags in shared memory. Each poll reads
+        only the peers still missing (scalar reads, ~0.1 us each). Returns None, or after `timeout` seconds the
+        sorted list of peers that never arrived, for the caller's StallError."""
+        waiting = list(peers)
+
+        def everyone_arrived():
+            while waiting:
+                if not arrived(waiting[-1]):
+                    return False
+                waiting.pop()
+            return True
+
+        try:
+            self.wait(everyone_arrived, what, timeout=timeout)
+        except TimeoutError:
+            return sorted(waiting)
+        return None
+
     def wait_requests(self, requests, what=""):
         """Wait for a list of mpi4py requests without blocking inside MPI."""
         from mpi4py import MPI  # noqa: imported lazily so CPU-free layers never pull MPI in at import time

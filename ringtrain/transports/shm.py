@@ -145,23 +145,13 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
             self._lines[self.rank, _SIGNATURE] = signature
         self._win.Sync()
         self._seqs[self.rank] = target
-        seqs, waiting = self._seqs, list(self._peers)
-
-        def everyone_arrived():
-            # scalar reads of the peers still missing: ~0.1 us each, where a numpy min() costs ~5 us per poll
-            while waiting:
-                if seqs[waiting[-1]] < target:
-                    return False
-                waiting.pop()
-            return True
-
-        timeout = self.config.stall_timeout_s
-        try:
-            self.watchdog.wait(everyone_arrived, f"shm {what} (rank {self.rank}, sync {target})", timeout=timeout)
-        except TimeoutError:
-            raise StallError(f"rank {self.rank}: ranks {sorted(waiting)} did not reach shm {what} (sync {target}) "
+        seqs, timeout = self._seqs, self.config.stall_timeout_s
+        missing = self.watchdog.wait_for_all(self._peers, lambda p: seqs[p] >= target,
+                                             f"shm {what} (rank {self.rank}, sync {target})", timeout)
+        if missing:
+            raise StallError(f"rank {self.rank}: ranks {missing} did not reach shm {what} (sync {target}) "
                              f"within {timeout:g} s; the ranks are not running the same sequence of "
-                             f"collectives on this transport") from None
+                             f"collectives on this transport")
         self._win.Sync()
 
     def _check_signatures(self, mine):
