@@ -184,9 +184,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                      process_set=global_process_set):
     """Start an in-place allreduce: the result is written into `tensor`; the handle's wait() returns `tensor`."""
-    op = _resolve_op(op, average)
-    work = _contiguous(tensor)
-    array = to_array(work)
+    op, work, array = _in_place(tensor, average, op)
     handle = _core.allreduce_async(array, op=op, name=name, prescale_factor=prescale_factor,
                                    postscale_factor=postscale_factor, out=array, process_set=process_set)
     return TensorHandle(handle, lambda _result: _copy_back(tensor, work))
@@ -194,7 +192,16 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                process_set=global_process_set):
-    return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set).wait()
+    # the core's synchronous call: this thread drives the engine itself, the engine thread is not woken
+    op, work, array = _in_place(tensor, average, op)
+    _core.allreduce(array, op=op, name=name, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                    out=array, process_set=process_set)
+    return _copy_back(tensor, work)
+
+
+def _in_place(tensor, average, op):
+    work = _contiguous(tensor)
+    return _resolve_op(op, average), work, to_array(work)
 
 
 def _copy_back(tensor, work):
