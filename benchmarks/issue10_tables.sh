@@ -27,7 +27,7 @@ sizes=(--dtypes float32 --min-bytes 4096 --max-bytes 67108864)
 quick=()
 if [ "${SMOKE:-0}" = 1 ]; then sizes=(--quick); quick=(--quick); fi
 impls=ringtrain-shm,ringtrain-torch-shm,ringtrain-shm-raw,ringtrain-mpi,ringtrain-mpi-raw,MPI_Allreduce,torch-gloo,horovod
-stamp() { echo "# commit $(git rev-parse HEAD), $(date -u '+%Y-%m-%d %H:%M UTC'), python $(command -v python), load $(uptime | sed 's/.*load average: //')"; }
+stamp() { echo "# commit $(git rev-parse HEAD), $(date -u '+%Y-%m-%d %H:%M UTC'), python $(python -c 'import platform; print(platform.python_version())'), load $(uptime | sed 's/.*load average: //')"; }
 
 for i in $(seq "$runs"); do
     { stamp; mpiexec -n 2 python benchmarks/allreduce.py "${sizes[@]}" --impls "$impls" \

@@ -29,6 +29,7 @@ parameters must match DDP's (same seed, same data) to float tolerance; both are 
 import argparse
 import importlib.util
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -495,7 +496,8 @@ def main(argv=None):
     if any(os.environ.get(v) for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")):
         raise SystemExit("run train_scaling.py without mpiexec: it launches one mpiexec job per rank count")
     machine = common.machine_info()
-    print(f"# ringtrain {machine['commit']}, {machine['date']}, python {sys.executable}", flush=True)
+    # the interpreter's version, not its path: a path would name this machine's directories in committed results
+    print(f"# ringtrain {machine['commit']}, {machine['date']}, python {platform.python_version()}", flush=True)
     jobs = []
     with tempfile.TemporaryDirectory() as folder:
         for ranks in range(1, args.max_ranks + 1):
