@@ -51,6 +51,7 @@ class Engine:
         # waits inside transports keep our control messages moving (see Watchdog.progress)
         self.watchdog.progress = self.agreement.progress_sends
         self.requests = {}              # name -> Request taken from the queue, not yet run (progress lock)
+        self._running = ()              # the requests of the collective being executed
         self.submitted_names = set()    # names queued or in flight (state lock): duplicate detection
         self.queue = queue.SimpleQueue()
         self.wake = threading.Event()
@@ -248,17 +249,18 @@ class Engine:
                     self.join_handle._set_result(action.rank)
                     self.join_handle = None
             else:
-                reqs = [self._take(name) for name in action.names]
+                reqs = self._running = [self._take(name) for name in action.names]
                 try:
                     self.executor.run(action, reqs)
-                except Exception as e:
+                except RankFailureError:
+                    raise               # fatal to the engine: _fail() errors self._running too
+                except Exception as e:  # a local failure on one collective must not take the engine down
                     wrapped = e if isinstance(e, RingtrainError) else RingtrainError(
                         f"rank {self.rank}: {kind} of {', '.join(map(repr, action.names[:4]))} failed: {e!r}")
-                    for r in reqs:      # taken from self.requests: _fail() would no longer see them
+                    for r in reqs:
                         if r is not None:
                             r.handle._set_error(wrapped)
-                    if isinstance(e, RankFailureError):
-                        raise           # a dead peer is fatal to the engine; a local failure on one collective is not
+                self._running = ()
 
     def _take(self, name):
         req = self.requests.pop(name, None)
@@ -280,9 +282,16 @@ class Engine:
 
     # ------------------------------------------------------------------------------------------------ the end
     def _fail(self, error, fatal_peer=False, stop=False):
+        if fatal_peer:
+            # first say so: once a caller sees its error it may exit, taking this (daemon) thread with it
+            print(f"ringtrain rank {self.rank}: {error}; exiting", file=sys.stderr, flush=True)
         with self._state_lock:
             if self.failed is None:
                 self.failed = error
+        for req in self._running:   # the collective that was running: already taken off self.requests
+            if req is not None:
+                req.handle._set_error(error)
+        self._running = ()
         for name in list(self.requests):
             self._complete_error(name, error)
         if self.join_handle is not None:
@@ -302,7 +311,6 @@ class Engine:
         if fatal_peer:
             # a peer is gone: MPI can no longer finish collectives (MPI_Finalize included), so make sure this
             # process ends non-zero soon even if the caller ignores the error
-            print(f"ringtrain rank {self.rank}: {error}; exiting", file=sys.stderr, flush=True)
             _arm_hard_exit(DEAD_PEER_EXIT_GRACE_S)
 
     def _finish_shutdown(self):

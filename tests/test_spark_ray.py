@@ -2,6 +2,7 @@
 each shared by its tests): a small training function returns on every rank exactly what the same function returns
 under mpiexec, and a rank that fails ends the job with that rank named and no rank left running."""
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -33,8 +34,11 @@ def mpirun_result():
     proc = subprocess.run([run.find_mpiexec(), "-n", "2", sys.executable, os.path.join(SCRIPTS, "train_fn.py")],
                           env=dict(os.environ, **ENV), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    results = sorted((json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines()
-                      if line.startswith("RESULT ")), key=lambda r: r["rank"])
+    # the two ranks' lines can reach mpiexec's stdout glued together ("RESULT {...}RESULT {...}"): decode each
+    # JSON object where its marker starts, not line by line
+    decoder = json.JSONDecoder()
+    results = sorted((decoder.raw_decode(proc.stdout, m.end())[0] for m in re.finditer("RESULT ", proc.stdout)),
+                     key=lambda r: r["rank"])
     assert [r["size"] for r in results] == [2, 2]
     return results
 
