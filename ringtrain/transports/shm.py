@@ -192,6 +192,20 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
             self._collective(src, even_counts(src.size, self.size), op, reduce=True, gather=True, kind=1, out=dst,
                              scale=scale)
 
+    def reducescatter_out(self, src, dst, counts, op):
+        """Block `rank` of dst <- that block of src reduced over all ranks; src untouched, dst's other blocks
+        unspecified. src is read directly: the copy-in is only the blocks peers read, and the owner reduces from
+        src and the peers' regions straight into dst (a reducescatter on a copy of src costs a full pass more).
+        Buffers inside the shared region are copied to dst and reduced there in place."""
+        op = ops.as_op(op)
+        if dst is src:
+            self.reducescatter(dst, counts, op)
+        elif self.size == 1 or self._offset_in_region(src) is not None or self._offset_in_region(dst) is not None:
+            dst[...] = src
+            self.reducescatter(dst, counts, op)
+        else:
+            self._collective(src, counts, op, reduce=True, gather=False, kind=2, out=dst)
+
     def _collective(self, buf, counts, op, reduce, gather, kind, out=None, scale=1.0):
         if len(counts) != self.size or sum(counts) != buf.size:
             raise ValueError(f"rank {self.rank}: counts {list(counts)} do not split a buffer of {buf.size} "
