@@ -31,12 +31,24 @@ from mpi4py import MPI
 
 from ..ops import scale_into
 from .base import Transport, even_counts, offsets
+from .shm import SharedMemoryTransport
 from . import transport_class
 
 
 def block_owners(node_size, num_blocks):
     """[(first block, end block)] owned by each local rank of a node with node_size ranks."""
     return [(j * num_blocks // node_size, (j + 1) * num_blocks // node_size) for j in range(node_size)]
+
+
+def reducescatter_into(transport, src, dst, counts, op):
+    """Block `rank` of dst <- that block of src reduced over transport's ranks, src untouched. shm reads src
+    directly; other intra-node transports (mpi, when the hierarchy is forced over transport mpi) work on a copy."""
+    if isinstance(transport, SharedMemoryTransport):
+        transport.reducescatter_out(src, dst, counts, op)
+        return
+    if dst is not src:
+        dst[...] = src
+    transport.reducescatter(dst, counts, op)
 
 
 class HierarchicalTransport(Transport):
@@ -80,12 +92,23 @@ class HierarchicalTransport(Transport):
         self.intra.allgather(buf, intra_counts)
 
     def allreduce_out(self, src, dst, op, scale=1.0):
-        """Copy src into our region of the node window, run all three steps there without further copies, and
-        write the scaled result out in one pass (the base class copies src to dst, and shm then copies again)."""
-        buf = self.staging_buffer(src.nbytes).view(src.dtype)     # larger than the region: shm works in chunks
-        np.copyto(buf, src)
-        self.allreduce(buf, op)
-        scale_into(dst, buf, scale)
+        """dst <- scale * allreduce(src), src untouched, with no staging copy: the intra-node reduce-scatter reads
+        src and writes the reduced blocks into dst, the cross-node rings run in place on dst, and the intra-node
+        allgather fills dst's other blocks from the peers' regions."""
+        if self.size == 1 or src.size == 0:
+            scale_into(dst, src, scale)
+            return
+        blocks = even_counts(src.size, self.num_blocks)
+        starts = offsets(blocks)
+        intra_counts = [sum(blocks[first:end]) for first, end in self._owned]
+        reducescatter_into(self.intra, src, dst, intra_counts, op)
+        for block, transport in self.cross:
+            transport.allreduce(dst[starts[block]: starts[block] + blocks[block]], op)
+        if scale != 1.0:
+            mine = offsets(intra_counts)[self.intra.rank]
+            owned = dst[mine: mine + intra_counts[self.intra.rank]]
+            scale_into(owned, owned, scale)
+        self.intra.allgather(dst, intra_counts)
 
     def reducescatter(self, buf, counts, op):
         self.flat.reducescatter(buf, counts, op)
