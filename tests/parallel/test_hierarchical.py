@@ -185,3 +185,30 @@ def test_allreduce_out_scales_into_dst_and_leaves_src(fusion_threshold):
     finally:
         t.close()
         topology.free()
+
+
+def test_shm_reducescatter_out_reads_src_and_leaves_it(layout):
+    """The intra-node step of allreduce_out: dst's own block gets the node's reduction, src stays as it was --
+    also in place (dst is src), with src inside the shared region, chunked (1000 > the 256-byte region)."""
+    topology, hierarchical, _ = layout
+    shm = hierarchical.intra
+    wrong = Mismatches()
+    for op, dtype_name in [(ReduceOp.SUM, "float32"), (ReduceOp.MIN, "int16")]:
+        dtype = DTYPES[dtype_name]
+        for size, where in [(7, "private"), (1000, "private"), (1000, "in place"), (40, "src in region"), (0, "private")]:
+            inputs = rank_inputs(size, dtype_name, op, 16, topology.size)
+            node = [inputs[p] for p in topology.nodes[topology.node_index]]
+            counts = uneven_counts(size, shm.size)
+            start, count = offsets(counts)[shm.rank], counts[shm.rank]
+            src = inputs[topology.rank].copy()
+            if where == "src in region":
+                src = shm.staging_buffer(src.nbytes).view(dtype)
+                src[...] = inputs[topology.rank]
+            dst = src if where == "in place" else np.full(size, 99, dtype)
+            shm.reducescatter_out(src, dst, counts, op)
+            what = f"shm reducescatter_out {op.name} {dtype_name} n={size} {where}"
+            want = reference(node, op)
+            wrong.check(dst[start: start + count], want[start: start + count], what)
+            if where != "in place":
+                wrong.check(src, inputs[topology.rank].astype(np.float64), f"src after {what}")
+    wrong.assert_none()
