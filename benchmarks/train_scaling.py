@@ -10,8 +10,12 @@ Two synthetic models, each on the same per-rank batch (issue 10 names both):
 Every N runs every model in these modes, interleaved in rounds so that machine noise hits all of them alike; the
 median over rounds is reported:
   no-comm               plain torch, no communication: the ceiling (N independent processes)
-  ringtrain             ringtrain.torch.DistributedOptimizer: gradients allreduced from hooks during backward
-  ringtrain-no-overlap  plain optimizer, one rt.grouped_allreduce of every gradient after loss.backward()
+  ringtrain-after-backward  ringtrain.torch.DistributedOptimizer(overlap=False): step() reduces every bucket on
+                        the caller's thread after backward
+  ringtrain-overlap     ringtrain.torch.DistributedOptimizer(overlap=True): buckets allreduced from hooks during
+                        backward (by the engine's thread)
+                        The optimizer's default (overlap=None) picks one by hardware; the record of the mode it
+                        picks here says "default": true.
   torch-ddp             torch.nn.parallel.DistributedDataParallel (gloo on CPU, NCCL on GPU)
   horovod               horovod.torch.DistributedOptimizer, only where Horovod is installed (a benchmark peer, never
                         a dependency: benchmarks/build_horovod_peer.sh builds it into a venv of its own; run this
@@ -21,7 +25,7 @@ Scaling efficiency = T(N) / (N * T(1)) with T the total samples/s and T(1) the s
 throughput (the no-comm mode at N = 1), so every mode is measured against the same denominator. Each rank uses
 --threads torch threads (default cores // max-ranks, i.e. the same per-rank share at every N).
 
-Share of allreduce hidden behind backward (ringtrain modes): from the engine's own Handle.times, the part of the
+Share of allreduce hidden behind backward (ringtrain-overlap): from the engine's own Handle.times, the part of the
 union of [started, finished] intervals that lies before loss.backward() returned, over the whole union.
 Correctness: distributed modes must end with identical parameters on every rank, and ringtrain's final
 parameters must match DDP's (same seed, same data) to float tolerance; both are recorded and checked.
@@ -42,7 +46,8 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(BENCH_DIR)
 sys.path.append(REPO_ROOT)   # run from a source checkout without pip install
 
-MODES = ("no-comm", "ringtrain", "ringtrain-no-overlap", "torch-ddp", "horovod")
+MODES = ("no-comm", "ringtrain-after-backward", "ringtrain-overlap", "torch-ddp", "horovod")
+RINGTRAIN_OVERLAP = {"ringtrain-after-backward": False, "ringtrain-overlap": True}
 MODELS = ("convnet", "mlp")
 MLP_BLOCKS = 100             # 4 tensors per block + the head's 2: 402 gradient tensors at any width
 PARAM_TOLERANCE = 1e-4       # ringtrain vs DDP final parameters: same math, different summation order
@@ -163,7 +168,6 @@ def run_worker(args):
     import torch
     from mpi4py import MPI
 
-    import ringtrain as rt
     import ringtrain.torch as binding
 
     comm = MPI.COMM_WORLD
@@ -187,7 +191,7 @@ def run_worker(args):
                 if mode == "horovod" and horovod is None:
                     continue
                 measured, params = train_mode(mode, model, width, args, torch, comm, inputs, labels, binding,
-                                              rt, horovod, recorder)
+                                              horovod, recorder)
                 rounds.setdefault(mode, []).append(measured)
                 if round_index == 0:
                     final_params[mode] = params
@@ -252,9 +256,11 @@ def use_cuda(torch, comm):
     return torch.cuda.is_available() and torch.cuda.device_count() >= local_size
 
 
-def train_mode(mode, model_name, width, args, torch, comm, inputs, labels, binding, rt, hvd, recorder):
+def train_mode(mode, model_name, width, args, torch, comm, inputs, labels, binding, hvd, recorder):
     import numpy as np
     from mpi4py import MPI
+
+    from ringtrain.torch.optimizer import default_overlap
 
     if mode == "horovod":
         hvd.init()   # its background thread runs for Horovod's own rounds only
@@ -265,8 +271,12 @@ def train_mode(mode, model_name, width, args, torch, comm, inputs, labels, bindi
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     # both models name a parameter "0.weight": the model's name keeps their allreduce names apart in one job
     named = [(f"{model_name}.{name}", p) for name, p in model.named_parameters()]
-    if mode == "ringtrain":
-        optimizer = binding.DistributedOptimizer(optimizer, named_parameters=named)
+    default_here = None
+    if mode in RINGTRAIN_OVERLAP:
+        optimizer = binding.DistributedOptimizer(optimizer, named_parameters=named, overlap=RINGTRAIN_OVERLAP[mode])
+        # would the optimizer's default (overlap=None) pick this schedule here? (overlap only if every rank would)
+        chosen = comm.allreduce(default_overlap(list(model.parameters()), binding.local_size()), op=MPI.LAND)
+        default_here = chosen == RINGTRAIN_OVERLAP[mode]
     if mode == "horovod":
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named)
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -276,10 +286,6 @@ def train_mode(mode, model_name, width, args, torch, comm, inputs, labels, bindi
         loss = loss_fn(model(inputs), labels)
         loss.backward()
         backward_end = time.perf_counter()
-        if mode == "ringtrain-no-overlap":
-            # numpy views of this step's .grad tensors (zero_grad frees them): the allreduce writes into them
-            grads = [p.grad.numpy() for p in model.parameters()]
-            rt.grouped_allreduce_async(grads, op=rt.Average, name=f"no_overlap.{model_name}", outs=grads).wait()
         optimizer.step()
         return backward_end
 
@@ -316,8 +322,10 @@ def train_mode(mode, model_name, width, args, torch, comm, inputs, labels, bindi
               # every distributed mode must leave the same weights on every rank
               "params_in_sync": mode == "no-comm" or ranks == 1 or len(set(checksums)) == 1}
     if mode.startswith("ringtrain"):
-        result["allreduce_ms_per_step"] = 1e3 * total_comm / ranks / args.steps
+        # only asynchronous allreduces have handles with times: after backward, none (and nothing is hidden)
+        result["allreduce_ms_per_step"] = 1e3 * total_comm / ranks / args.steps if total_comm > 0 else None
         result["hidden_share"] = hidden / total_comm if total_comm > 0 else None
+        result["default"] = default_here
     return result, params
 
 
@@ -385,7 +393,8 @@ def print_report(records, jobs, rounds):
                 rows.append([r["ranks"], r["mode"], "-", "-", "-", "-", "-", "-", f"skipped: {r['skipped']}"])
                 continue
             hidden = r.get("hidden_share")
-            rows.append([r["ranks"], r["mode"], f"{r['step_ms']:.1f}", f"{r['samples_per_s_per_rank']:.1f}",
+            rows.append([r["ranks"], r["mode"] + ("*" if r.get("default") else ""), f"{r['step_ms']:.1f}",
+                         f"{r['samples_per_s_per_rank']:.1f}",
                          f"{r['samples_per_s_total']:.1f}", _pct(r["efficiency"]),
                          _pct(r["efficiency_vs_own_1rank"]), "-" if hidden is None else _pct(hidden),
                          ("in sync" if r["params_in_sync"] else "RANKS DIFFER") +
@@ -397,7 +406,7 @@ def print_report(records, jobs, rounds):
             title=f"training scaling, {model}: {shape['parameters'] / 1e6:.2f} M parameters in {shape['tensors']} "
                   f"tensors, batch {job['batch_per_rank']} per rank, {job['threads_per_rank']} thread(s) per rank, "
                   f"{os.cpu_count()} cores, median of {rounds} interleaved round(s); efficiency = T(N)/(N*T(1)), "
-                  f"T(1) = plain torch on 1 rank"))
+                  f"T(1) = plain torch on 1 rank; * = the DistributedOptimizer's default schedule here"))
         print()
     print(target_table(records))
 
@@ -414,7 +423,7 @@ def target_table(records):
         for mode, r in by_mode.items():
             if mode == "no-comm":
                 continue
-            rows.append([model, mode, _pct(r["efficiency"]), _pct(ceiling),
+            rows.append([model, mode + ("*" if r.get("default") else ""), _pct(r["efficiency"]), _pct(ceiling),
                          "-" if ceiling is None or r["efficiency"] is None else
                          f"{100 * (ceiling - r['efficiency']):.1f}",
                          f"{r['samples_per_s_total'] / ddp:.2f}" if ddp else "-"])

@@ -109,7 +109,7 @@ def test_train_scaling_quick(tmp_path):
     records = result["records"]
     assert len(result["machine"]["commit"]) >= 40 or result["machine"]["commit"] == "unknown"
     ran = {(r["model"], r["ranks"], r["mode"]): r for r in records if "skipped" not in r}
-    modes = ["no-comm", "ringtrain", "ringtrain-no-overlap", "torch-ddp"]
+    modes = ["no-comm", "ringtrain-after-backward", "ringtrain-overlap", "torch-ddp"]
     if importlib.util.find_spec("horovod") is not None:   # the optional peer, where someone built it
         modes.append("horovod")
     else:
@@ -124,8 +124,13 @@ def test_train_scaling_quick(tmp_path):
         if mode not in ("no-comm", "torch-ddp"):
             # same seed, same data, averaged gradients: ringtrain (and Horovod) must train exactly what DDP trains
             assert r["max_param_diff_vs_ddp"] <= 1e-4, (model, ranks, mode, r["max_param_diff_vs_ddp"])
-        if mode.startswith("ringtrain") and ranks > 1:
+        if mode == "ringtrain-overlap" and ranks > 1:
             assert r["hidden_share"] is not None and 0 <= r["hidden_share"] <= 1
+        if mode == "ringtrain-after-backward":
+            assert r["hidden_share"] is None       # no allreduce runs before backward returns
+    for model in ("convnet", "mlp"):   # the optimizer's default schedule is exactly one of the two
+        defaults = [ran[(model, 2, m)]["default"] for m in ("ringtrain-after-backward", "ringtrain-overlap")]
+        assert defaults.count(True) == 1, defaults
     for model in ("convnet", "mlp"):
         assert ran[(model, 1, "no-comm")]["efficiency"] == pytest.approx(1.0)
     # the model with hundreds of small tensors issue 10 names, beside the convnet's few large ones

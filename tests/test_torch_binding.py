@@ -89,16 +89,17 @@ def _tiny_model(seed):
     return torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 2)).double()
 
 
+@pytest.mark.parametrize("overlap", [True, False])
 @pytest.mark.parametrize("make_optimizer", [
     lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
     lambda params: torch.optim.Adam(params, lr=0.01),
 ])
-def test_one_rank_distributed_optimizer_equals_plain_optimizer(rt, make_optimizer):
+def test_one_rank_distributed_optimizer_equals_plain_optimizer(rt, make_optimizer, overlap):
     plain_model, dist_model = _tiny_model(0), _tiny_model(0)
     plain = make_optimizer(plain_model.parameters())
     dist = hvd.DistributedOptimizer(make_optimizer(dist_model.parameters()),
-                                    named_parameters=dist_model.named_parameters())
-    assert isinstance(dist, type(plain))
+                                    named_parameters=dist_model.named_parameters(), overlap=overlap)
+    assert isinstance(dist, type(plain)) and dist.overlaps_backward is overlap
     generator = torch.Generator().manual_seed(1)
     for _ in range(5):
         x = torch.randn(8, 5, generator=generator, dtype=torch.float64)
@@ -117,24 +118,81 @@ def test_named_parameters_must_cover_the_optimizer(rt):
         hvd.DistributedOptimizer(opt, named_parameters=list(model.named_parameters())[:2])
 
 
-def test_too_many_backward_passes_is_an_error(rt):
-    model = _tiny_model(0)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("steps_before", [0, 2])      # step 1 watches the ready order; later steps use fast hooks
+def test_too_many_backward_passes_is_an_error_at_step(rt, overlap, steps_before):
+    model, passes = _tiny_model(0), 2
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), overlap=overlap,
+                                   backward_passes_per_step=passes)
     x = torch.ones(2, 5, dtype=torch.float64)
-    model(x).sum().backward()
-    with pytest.raises(RingtrainError, match="more than backward_passes_per_step=1"):
+    for _ in range(steps_before):
+        opt.zero_grad()
+        for _ in range(passes):
+            model(x).sum().backward()
+        opt.step()
+    for _ in range(passes + 1):
         model(x).sum().backward()
-    opt.synchronize()
+    with pytest.raises(RingtrainError, match=r"'param\.\d' was computed 3 times, more than backward_passes_per_step=2"):
+        opt.step()
+    opt.zero_grad()                          # the failed step left nothing behind: a normal step follows
+    for _ in range(passes):
+        model(x).sum().backward()
+    opt.step()
 
 
 def test_zero_grad_with_pending_allreduce_is_an_error(rt):
     model = torch.nn.Linear(5, 3).double()
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), first_bucket_mb=0)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), first_bucket_mb=0, overlap=True)
     model(torch.ones(2, 5, dtype=torch.float64)).sum().backward()
     with pytest.raises(RingtrainError, match="before optimizer.step"):
         opt.zero_grad()
     opt.step()
     opt.zero_grad()
+
+
+def test_zero_grad_after_backward_drops_the_unreduced_gradients(rt):
+    # reduced after backward, nothing is in flight: zero_grad() is plain torch's (gradients and pass count go)
+    model = torch.nn.Linear(5, 3).double()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), overlap=False)
+    x = torch.ones(2, 5, dtype=torch.float64)
+    model(x).sum().backward()
+    opt.zero_grad()
+    assert model.weight.grad is None
+    model(x).sum().backward()                # without the reset, this would be a second pass of backward_passes=1
+    opt.step()
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_gradients_become_views_of_one_bucket_buffer(rt, overlap):
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 2)).double()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), overlap=overlap)
+    x = torch.ones(2, 5, dtype=torch.float64)
+    for _ in range(3):
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+    storages = {p.grad.untyped_storage().data_ptr() for p in model.parameters()}
+    assert len(storages) == 1                # every gradient lives in the one bucket: nothing packed per step
+    opt.zero_grad()                          # views are zeroed, not dropped
+    assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
+    model.zero_grad()                        # torch's own zero_grad drops them: the next step makes them views again
+    model(x).sum().backward()
+    want = [p.grad.clone() for p in model.parameters()]
+    opt.synchronize()
+    assert {p.grad.untyped_storage().data_ptr() for p in model.parameters()} == storages
+    for p, w in zip(model.parameters(), want):
+        torch.testing.assert_close(p.grad, w, rtol=0, atol=0)
+
+
+def test_bucket_layout_after_backward_packs_small_tensors_and_sends_large_ones_alone():
+    kb = lambda n, dtype=torch.float32: torch.zeros(n * 256, dtype=dtype)
+    small, big, small64 = kb(4), kb(1024), kb(4, torch.float64)
+    params = [small, big, small64, kb(4), kb(2048), kb(4)]
+    kept = _layout_buckets(params, first_bucket_bytes=1 << 20, bucket_bytes=2 << 20, alone_bytes=1 << 20)
+    assert [len(b) for b in kept] == [1, 1, 1, 1, 1, 1]     # consecutive runs: every big or dtype change cuts
+    packed = _layout_buckets(params, 2 << 20, 2 << 20, 1 << 20, keep_order=False)
+    assert [[id(p) for p in b] for b in packed] == [[id(big)], [id(params[4])], [id(small), id(params[3]),
+                                                   id(params[5])], [id(small64)]]
 
 
 def test_device_is_cpu_without_gpu(rt):

@@ -80,23 +80,34 @@ def train_reference(kind, optimizer, data):
     return model
 
 
-def train_distributed(rt, kind, optimizer, data, **options):
+# How a step clears gradients. After step 1 a bucket's gradients are views of its buffer; whatever the user does to
+# them (the optimizer's zero_grad keeps the views, the model's sets them to None, or new tensors replace them) the
+# step must reduce this step's gradients only.
+ZEROING = {
+    "optimizer": lambda model, opt: opt.zero_grad(),
+    "optimizer_keep": lambda model, opt: opt.zero_grad(set_to_none=False),
+    "model": lambda model, opt: model.zero_grad(),
+    "replaced": lambda model, opt: [setattr(p, "grad", torch.zeros_like(p)) for p in model.parameters()],
+}
+
+
+def train_distributed(rt, kind, optimizer, data, zeroing="optimizer", **options):
     model, _ = build(kind)
     opt = rt.DistributedOptimizer(OPTIMIZERS[optimizer](model.parameters()),
                                   named_parameters=model.named_parameters(), **options)
     rt.broadcast_parameters(model.state_dict(), root_rank=0)
     lo, hi = rt.rank() * SHARD, (rt.rank() + 1) * SHARD
     for x, y in data:                          # distinct rows on every rank
-        opt.zero_grad()
+        ZEROING[zeroing](model, opt)
         torch.nn.functional.mse_loss(model(x[lo:hi]), y[lo:hi]).backward()
         opt.step()
     return model
 
 
-def check_against_reference(rt, kind, optimizer, steps, rtol, **options):
+def check_against_reference(rt, kind, optimizer, steps, rtol, zeroing="optimizer", **options):
     _, width = build(kind)
     data = step_data(rt.size(), width, steps)
-    model = train_distributed(rt, kind, optimizer, data, **options)
+    model = train_distributed(rt, kind, optimizer, data, zeroing, **options)
     reference = train_reference(kind, optimizer, data)
     start, _ = build(kind)
     moved = max((q - s).abs().max().item() for q, s in zip(reference.parameters(), start.parameters()))
@@ -111,22 +122,51 @@ def check_against_reference(rt, kind, optimizer, steps, rtol, **options):
 
 # SGD's update is linear in the gradient, so a tight tolerance catches any scale error; Adam normalises scale away
 # but catches a gradient landing in the wrong tensor or bucket.
+# Both schedules: overlap (buckets submitted from hooks during backward; step 1 watches the order, later steps hook
+# each bucket's last gradient only) and after backward (step() reduces every bucket on the caller's thread).
+SCHEDULES = pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "after_backward"])
+
+
+@SCHEDULES
 @pytest.mark.parametrize("optimizer,rtol", [("sgd", 1e-10), ("adam", 1e-8)])
-def test_several_small_buckets_match_one_process(rt, optimizer, rtol):
+def test_several_small_buckets_match_one_process(rt, optimizer, rtol, overlap):
     # caps of 20 KB / 40 KB over 5 layers of 18.8 KB: the optimizer cuts the model into 3-4 buckets
-    check_against_reference(rt, "tower", optimizer, steps=3, rtol=rtol, first_bucket_mb=0.02, bucket_cap_mb=0.04)
+    check_against_reference(rt, "tower", optimizer, steps=3, rtol=rtol, first_bucket_mb=0.02, bucket_cap_mb=0.04,
+                            overlap=overlap)
 
 
-def test_model_over_the_default_caps_matches_one_process(rt):
-    check_against_reference(rt, "over_default_caps", "sgd", steps=2, rtol=1e-10)
+@SCHEDULES
+def test_model_over_the_default_caps_matches_one_process(rt, overlap):
+    # 2 x 16.8 MB weights travel alone (in place), the biases in a flat bucket
+    check_against_reference(rt, "over_default_caps", "sgd", steps=2, rtol=1e-10, overlap=overlap)
 
 
+@SCHEDULES
 @pytest.mark.parametrize("optimizer,rtol", [("sgd", 1e-10), ("adam", 1e-8)])
-def test_hundreds_of_small_tensors_match_one_process(rt, optimizer, rtol):
-    check_against_reference(rt, "many_small", optimizer, steps=2, rtol=rtol)
+def test_hundreds_of_small_tensors_match_one_process(rt, optimizer, rtol, overlap):
+    check_against_reference(rt, "many_small", optimizer, steps=3, rtol=rtol, overlap=overlap)
 
 
-def test_hundreds_of_small_tensors_in_many_buckets_match_one_process(rt):
-    # 1 KB buckets: about 100 buckets of a few tensors each, submitted while backward is still running
-    check_against_reference(rt, "many_small", "sgd", steps=2, rtol=1e-10, first_bucket_mb=0.0005,
-                            bucket_cap_mb=0.001)
+@SCHEDULES
+def test_hundreds_of_small_tensors_in_many_buckets_match_one_process(rt, overlap):
+    # 1 KB buckets: about 100 buckets of a few tensors each (with overlap, submitted while backward still runs)
+    check_against_reference(rt, "many_small", "sgd", steps=3, rtol=1e-10, first_bucket_mb=0.0005,
+                            bucket_cap_mb=0.001, overlap=overlap)
+
+
+@SCHEDULES
+@pytest.mark.parametrize("zeroing", ["optimizer_keep", "model", "replaced"])
+def test_gradients_cleared_any_way_match_one_process(rt, zeroing, overlap):
+    check_against_reference(rt, "tower", "sgd", steps=4, rtol=1e-10, zeroing=zeroing, first_bucket_mb=0.02,
+                            bucket_cap_mb=0.04, overlap=overlap)
+
+
+def test_ranks_agree_on_one_schedule(rt):
+    # rank 0 asks for overlap, the others for after-backward: all must run one schedule (the one every rank can)
+    wanted = rt.rank() == 0
+    model, _ = build("tower")
+    opt = rt.DistributedOptimizer(OPTIMIZERS["sgd"](model.parameters()), named_parameters=model.named_parameters(),
+                                  overlap=wanted)
+    assert opt.overlaps_backward is False
+    check_against_reference(rt, "tower", "sgd", steps=2, rtol=1e-10, first_bucket_mb=0.02, bucket_cap_mb=0.04,
+                            overlap=wanted)

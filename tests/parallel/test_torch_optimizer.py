@@ -77,18 +77,22 @@ OPTIMIZERS = {
 }
 
 
+SCHEDULES = pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "after_backward"])
+
+
 @pytest.mark.mpi(min_size=2)
+@SCHEDULES
 @pytest.mark.parametrize("passes", [1, 2])
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
-def test_n_ranks_equal_one_process_on_concatenated_batch(rt, optimizer, passes):
+def test_n_ranks_equal_one_process_on_concatenated_batch(rt, optimizer, passes, overlap):
     data = batches(rt.size(), passes)
-    model, _ = train_distributed(rt, OPTIMIZERS[optimizer], data)
+    model, _ = train_distributed(rt, OPTIMIZERS[optimizer], data, overlap=overlap)
     reference = train_reference(OPTIMIZERS[optimizer], data)
     moved = sum((p - q).abs().max().item() for p, q in zip(reference.parameters(), make_model().parameters()))
     assert moved > 0.05      # training really changed the model, so equality below is not trivial
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-9, msg=lambda m: f"{name}: {m}")
-    assert_same_on_all_ranks(rt, model, f"check.{optimizer}.{passes}")
+    assert_same_on_all_ranks(rt, model, f"check.{optimizer}.{passes}.{overlap}")
 
 
 @pytest.mark.mpi(min_size=2)
@@ -155,7 +159,8 @@ class Tower(torch.nn.Module):
 def test_first_allreduce_is_submitted_before_backward_ends(rt):
     model = Tower()
     opt = rt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                  named_parameters=model.named_parameters(), first_bucket_mb=0.02, bucket_cap_mb=0.04)
+                                  named_parameters=model.named_parameters(), first_bucket_mb=0.02, bucket_cap_mb=0.04,
+                                  overlap=True)
     first_layer = model.layers[0]
     seen = []
 
@@ -203,13 +208,14 @@ class Branchy(torch.nn.Module):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_unused_and_frozen_parameters_do_not_hang_and_match_reference(rt):
+@SCHEDULES
+def test_unused_and_frozen_parameters_do_not_hang_and_match_reference(rt, overlap):
     n = rt.size()
     data = torch.randn(STEPS, n, 3, 4, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
     model, reference = Branchy(), Branchy()
     start = {k: v.clone() for k, v in reference.state_dict().items()}
     opt = rt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                  named_parameters=model.named_parameters())
+                                  named_parameters=model.named_parameters(), overlap=overlap)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
     for step in range(STEPS):
         opt.zero_grad()
@@ -224,7 +230,7 @@ def test_unused_and_frozen_parameters_do_not_hang_and_match_reference(rt):
         torch.testing.assert_close(model.state_dict()[name], start[name], rtol=0, atol=0)
     assert model.frozen.weight.grad is None
     assert not torch.equal(model.rank0_only.weight, start["rank0_only.weight"])
-    assert_same_on_all_ranks(rt, model, "check.branchy")
+    assert_same_on_all_ranks(rt, model, f"check.branchy.{overlap}")
 
 
 @pytest.mark.mpi(min_size=2)
@@ -239,7 +245,8 @@ def test_model_mismatch_across_ranks_is_an_error_on_every_rank(rt):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_uneven_inputs_with_join(rt):
+@SCHEDULES
+def test_uneven_inputs_with_join(rt, overlap):
     """Rank r has STEPS - 2r batches. After its last one it joins: the others' steps then average over the full
     world size with zeros from the joined ranks (DDP's rule). The rank join() returns saw every step."""
     n = rt.size()
@@ -247,7 +254,8 @@ def test_uneven_inputs_with_join(rt):
     data = batches(n, 1)
     make = OPTIMIZERS["sgd_momentum"]
     model = make_model()
-    opt = rt.DistributedOptimizer(make(model.parameters()), named_parameters=model.named_parameters())
+    opt = rt.DistributedOptimizer(make(model.parameters()), named_parameters=model.named_parameters(),
+                                  overlap=overlap)
     lo, hi = rt.rank() * SHARD, (rt.rank() + 1) * SHARD
     for step in range(steps_of[rt.rank()]):
         x, y = data[step][0]
@@ -270,7 +278,7 @@ def test_uneven_inputs_with_join(rt):
         ref_opt.step()
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-9)
-    assert_same_on_all_ranks(rt, model, "check.join")
+    assert_same_on_all_ranks(rt, model, f"check.join.{overlap}")
 
 
 @pytest.mark.mpi(min_size=2)
@@ -313,7 +321,8 @@ class TiedAutoencoder(torch.nn.Module):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_parameters_shared_between_modules_match_reference(rt):
+@SCHEDULES
+def test_parameters_shared_between_modules_match_reference(rt, overlap):
     data = batches(rt.size(), 1)
     reference = TiedAutoencoder()
     opt = torch.optim.SGD(reference.parameters(), lr=0.1)
@@ -322,7 +331,8 @@ def test_parameters_shared_between_modules_match_reference(rt):
         torch.nn.functional.mse_loss(reference(x), x).backward()
         opt.step()
     model = TiedAutoencoder()
-    opt = rt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+    opt = rt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  named_parameters=model.named_parameters(), overlap=overlap)
     lo, hi = rt.rank() * SHARD, (rt.rank() + 1) * SHARD
     for [(x, _)] in data:
         opt.zero_grad()
