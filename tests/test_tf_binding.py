@@ -71,14 +71,22 @@ def test_gpu_dlpack_path_needs_a_gpu(tf):
     np.testing.assert_array_equal(arrays.to_tensor(view * 2).numpy(), np.arange(8) * 2)
 
 
-def test_pack_copies_into_aligned_views(tf):
-    from ringtrain.tensorflow.arrays import TF_ALIGNMENT
-    from ringtrain.tensorflow.gradients import pack
-    arrays = [np.arange(6, dtype=np.float32).reshape(2, 3), np.array(5.0, np.float32), np.ones(17, np.float32)]
-    flat, views = pack(arrays)
-    for array, view in zip(arrays, views):
-        assert view.shape == array.shape and np.shares_memory(view, flat)
-        assert view.ctypes.data % TF_ALIGNMENT == 0
-        np.testing.assert_array_equal(view, array)
-    flat[...] = -1                                   # the allreduce writes into flat: the views see it
-    assert all((v == -1).all() for v in views)
+def test_one_rank_needs_no_host_call(tf, monkeypatch):
+    """On one rank the gradients skip the host call (nothing to exchange), but the scales still apply; on two the
+    graph holds the host call (without that half, a shortcut taken everywhere would pass the first)."""
+    from ringtrain.tensorflow import gradients
+
+    def traced(ranks):
+        monkeypatch.setattr(gradients, "size", lambda: ranks)
+        fn = tf.function(lambda g: gradients.allreduce_gradients([g, None], "one", prescale_factor=0.5,
+                                                                 postscale_factor=3.0))
+        graph = fn.get_concrete_function(tf.TensorSpec([3], tf.float32)).graph
+        return fn, {op.type for op in graph.get_operations() if "PyFunc" in op.type}
+
+    fn, host_calls = traced(1)
+    assert host_calls == set()
+    reduced = fn(tf.constant([1.0, 2.0, 4.0]))
+    np.testing.assert_allclose(reduced[0].numpy(), [1.5, 3.0, 6.0])
+    assert reduced[1] is None
+    _, host_calls = traced(2)
+    assert host_calls

@@ -101,6 +101,35 @@ def test_grouped_allreduce_and_compression():
         np.testing.assert_allclose(out.numpy(), 0.25 * (n + 1) / 2, rtol=1e-2)
 
 
+def gradient_value(rank, index, shape, dtype):
+    return (np.arange(int(np.prod(shape))).reshape(shape) % 11 * (index + 1) + 10 * rank).astype(dtype)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode", MODES)
+def test_gradient_buckets_match_numpy(mode):
+    """allreduce_gradients, the path of DistributedGradientTape and DistributedOptimizer: several buckets (a
+    256-byte cap) of two dtypes, a 0-d and an empty tensor among them, a None and a sparse gradient, and scales;
+    every result against the numpy mean of the ranks' values."""
+    from ringtrain.tensorflow.gradients import allreduce_gradients
+    n, r = hvd.size(), hvd.rank()
+    specs = [((3, 5), np.float32), ((), np.float64), ((0, 4), np.float32), ((17,), np.float32),
+             ((64, 33), np.float64), ((2, 2), np.float32)]
+    grads = [tf.constant(gradient_value(r, i, shape, dtype)) for i, (shape, dtype) in enumerate(specs)]
+    sparse = tf.IndexedSlices(tf.constant([[float(r)]]), tf.constant([r], tf.int64), tf.constant([n, 1], tf.int64))
+    grads = grads[:2] + [None] + grads[2:] + [sparse]
+    reduced = run(mode, lambda: allreduce_gradients(grads, f"buckets.{mode}", bucket_cap_mb=256 / (1 << 20),
+                                                    prescale_factor=0.5, postscale_factor=3.0))
+    assert reduced[2] is None
+    dense = reduced[:2] + reduced[3:-1]
+    for i, ((shape, dtype), got) in enumerate(zip(specs, dense)):
+        expected = 1.5 * np.mean([gradient_value(k, i, shape, np.float64) for k in range(n)], axis=0)
+        assert got.shape == shape and got.dtype.as_numpy_dtype == dtype
+        np.testing.assert_allclose(got.numpy(), expected, rtol=1e-6)
+    np.testing.assert_allclose(reduced[-1].values.numpy().ravel(), np.arange(n) / n)
+    assert reduced[-1].indices.numpy().tolist() == list(range(n))
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("mode", MODES)
 def test_scalar_and_empty_tensors_keep_their_shape(mode):
