@@ -79,6 +79,16 @@ def as_op(op):
     raise ValueError(f"unknown reduce op {op!r}; use one of {[o.name.title() for o in ReduceOp]}")
 
 
+
+def resolve_op(op, average):
+    """A binding's `op=` / Horovod's deprecated `average=` flag: `op` wins when both are given; neither means
+    Average, average=False means Sum."""
+    if op is not None:
+        return as_op(op)
+    if average is None or average:
+        return Average
+    return Sum
+
 def dtype_name(dtype):
     """The table name of a supported dtype, else UnsupportedDtypeError naming it."""
     dt = np.dtype(dtype)

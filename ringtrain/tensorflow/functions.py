@@ -34,6 +34,7 @@ import ringtrain as _core
 from ringtrain import (allgather_object, barrier, broadcast_object, cross_rank, cross_size, init,  # noqa: F401
                        is_initialized, join, local_rank, local_size, rank, shutdown, size)
 from ringtrain.ops import Average, Max, Min, Product, ReduceOp, Sum, as_op  # noqa: F401  (re-exported)
+from ringtrain.ops import resolve_op
 
 from . import arrays
 from .compression import Compression
@@ -101,15 +102,6 @@ def _output_like(array):
     return arrays.aligned_empty(array.shape, array.dtype) if isinstance(array, np.ndarray) else None
 
 
-def _resolve_op(op, average):
-    """Horovod's deprecated `average=` flag still works; `op` wins when both are given."""
-    if op is not None:
-        return as_op(op)
-    if average is None or average:
-        return Average
-    return Sum
-
-
 def _zeros_for_none(grads, like):
     return [tf.zeros_like(x) if g is None else g for g, x in zip(grads, like)]
 
@@ -158,7 +150,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
     """Reduce `tensor` over all ranks (default: Average). tf.IndexedSlices are gathered (values and indices).
     device_dense / device_sparse are accepted for Horovod compatibility and ignored (results stay where TF puts
     them). `compression` casts the tensor for the wire and back."""
-    op = _resolve_op(op, average)
+    op = resolve_op(op, average)
     if isinstance(tensor, tf.IndexedSlices):
         return _allreduce_indexed_slices(tensor, _auto_name("allreduce", name, tensor.values), op)
     tensor = tf.convert_to_tensor(tensor)
@@ -172,7 +164,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
 def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", compression=Compression.none,
                       op=None, prescale_factor=1.0, postscale_factor=1.0, name=None):
     """Allreduce a list of tensors as one group (one host call; the engine fuses them)."""
-    op = _resolve_op(op, average)
+    op = resolve_op(op, average)
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         raise ValueError("grouped_allreduce needs at least one tensor")
