@@ -113,8 +113,10 @@ def median_round(rounds, batch):
     """A mode's rounds as one record: the median throughput; weights in sync only if they were every round."""
     rates = [r["samples_per_s_per_rank"] for r in rounds]
     rate = common.median(rates)
+    cpu = [r["cpu_ms_per_step"] for r in rounds]
     return dict(rounds[0], samples_per_s_per_rank=rate, samples_per_s_total=rate * rounds[0]["ranks"],
-                step_ms=1e3 * batch / rate, rounds=rates, params_in_sync=all(r["params_in_sync"] for r in rounds))
+                step_ms=1e3 * batch / rate, rounds=rates, cpu_ms_per_step=common.median(cpu), cpu_rounds=cpu,
+                params_in_sync=all(r["params_in_sync"] for r in rounds))
 
 
 def parameter_count(args):
@@ -164,13 +166,17 @@ def train_mode(mode, args, comm, strategy, x, y):
 
     run(warm_x, warm_y)
     comm.Barrier()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     run(run_x, run_y)
     elapsed = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)   # the job runs at its slowest rank's pace
+    # CPU time of the whole process (all its threads) per step, mean over ranks: what a mode costs in compute,
+    # nearly blind to other jobs' load (wall time on a shared 2-core machine is not)
+    cpu_s = comm.allreduce(time.process_time() - cpu_start) / comm.Get_size()
     weights = np.concatenate([w.numpy().reshape(-1) for w in model.trainable_variables])
     checksums = comm.allgather(float(np.abs(weights).sum()))
     ranks = comm.Get_size()
     return {"mode": mode, "ranks": ranks, "step_ms": 1e3 * elapsed / args.steps,
+            "cpu_ms_per_step": 1e3 * cpu_s / args.steps,
             "samples_per_s_per_rank": args.batch * args.steps / elapsed,
             "samples_per_s_total": ranks * args.batch * args.steps / elapsed,
             "params_in_sync": kind == "no-comm" or ranks == 1 or len(set(checksums)) == 1}, weights
@@ -244,6 +250,12 @@ def summarise(jobs, folder):
                 own = base.get(mode.split("/")[0])
                 record["efficiency"] = r["samples_per_s_total"] / (job["ranks"] * own) if own else None
             records.append(record)
+    ceilings = {(r["ranks"], r["mode"].split("/")[0]): r["samples_per_s_total"] for r in records
+                if r["mode"].endswith("/no-comm") and "error" not in r}
+    for record in records:
+        ceiling = ceilings.get((record["ranks"], record["mode"].split("/")[0]))
+        if "error" not in record and ceiling:
+            record["vs_no_comm_same_ranks"] = record["samples_per_s_total"] / ceiling
     for ranks in sorted({j["ranks"] for j in jobs}):
         paths = [os.path.join(folder, f"weights-{ranks}-loop_{kind}.npy") for kind in ("ringtrain", "mwms")]
         if all(os.path.exists(p) for p in paths):
@@ -254,25 +266,30 @@ def summarise(jobs, folder):
     return records
 
 
-def print_report(records):
+def print_report(records, load_at_start):
     rows = []
     for r in sorted(records, key=lambda r: (r["ranks"], r["mode"])):
         if "error" in r:
-            rows.append([r["ranks"], r["mode"], "-", "-", "-", "-", f"FAILS: {r['error'][:90]}"])
+            rows.append([r["ranks"], r["mode"], "-", "-", "-", "-", "-", "-", f"FAILS: {r['error'][:90]}"])
             continue
         check = "in sync" if r["params_in_sync"] else "RANKS DIFFER"
         if "max_weight_diff_ringtrain_vs_mwms" in r:
             check += f", |dw| ringtrain vs mwms {r['max_weight_diff_ringtrain_vs_mwms']:.1e}"
         efficiency = r.get("efficiency")
-        rows.append([r["ranks"], r["mode"], f"{r['step_ms']:.1f}", f"{r['samples_per_s_per_rank']:.0f}",
+        versus = r.get("vs_no_comm_same_ranks")
+        rows.append([r["ranks"], r["mode"], f"{r['step_ms']:.1f}", f"{r['cpu_ms_per_step']:.1f}",
+                     f"{r['samples_per_s_per_rank']:.0f}",
                      f"{r['samples_per_s_total']:.0f}", "-" if efficiency is None else f"{100 * efficiency:.0f}%",
-                     check])
+                     "-" if versus is None else f"{100 * versus:.0f}%", check])
     first = next(r for r in records if "parameters" in r)
     print(common.format_table(
-        ["ranks", "mode", "step_ms", "samples/s/rank", "samples/s", "efficiency", "check"], rows,
+        ["ranks", "mode", "step_ms", "cpu_ms/step", "samples/s/rank", "samples/s", "efficiency", "vs no-comm",
+         "check"], rows,
         title=f"Keras 3 scaling: {first['parameters'] / 1e6:.2f} M-parameter MLP, batch {first['batch_per_rank']} "
               f"per rank, {first['threads_per_rank']} thread(s) per rank, {os.cpu_count()} cores; efficiency = "
-              f"T(N)/(N*T(1)), T(1) = no-comm of the same style on 1 rank"))
+              f"T(N)/(N*T(1)), T(1) = no-comm of the same style on 1 rank; vs no-comm = T(N) over the no-comm "
+              f"mode of the same style and N, same job; cpu_ms/step = process CPU time per step, mean over ranks; "
+              f"load average (1/5/15 min) at start {load_at_start}"))
 
 
 def parse_args(argv=None):
@@ -314,15 +331,18 @@ def main(argv=None):
     if any(os.environ.get(v) for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")):
         raise SystemExit("run keras_scaling.py without mpiexec: it launches one mpiexec job per rank count")
     jobs = []
+    load_at_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as folder:
         for ranks in range(1, args.max_ranks + 1):
             for job in ("ringtrain",) + (() if args.no_mwms else ("mwms",)):
                 jobs.append(launch(ranks, job, args, folder))
                 print(f"# {ranks} rank(s), {job} job: done in {jobs[-1]['wall_s']:.1f} s", flush=True)
         records = summarise(jobs, folder)
-    print_report(records)
+    print_report(records, load_at_start)
+    print(f"# load average (1/5/15 min) at end {os.getloadavg()}")
     if args.json:
-        common.write_json(args.json, {"machine": common.machine_info(), "records": records})
+        common.write_json(args.json, {"machine": common.machine_info(), "load_average_at_end": os.getloadavg(),
+                                      "load_average_at_start": load_at_start, "records": records})
     bad = [r for r in records if "error" not in r and (not r["params_in_sync"] or
                                                         r.get("max_weight_diff_ringtrain_vs_mwms", 0) > PARAM_TOLERANCE)]
     for r in bad:
