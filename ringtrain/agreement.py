@@ -7,37 +7,34 @@ Two implementations of one small interface, chosen from the topology:
                                                      on every rank
   owes() -> bool                                     something is pending that a peer may answer soon
 
-CoordinatorAgreement (ranks on several nodes): every request goes to rank 0 -- full metadata the first time,
-a cache id after that -- and rank 0 answers with the actions (Horovod's original protocol).
+CoordinatorAgreement (one rank, or more ranks than MESSAGE_CYCLE_MAX_RANKS): every request goes to rank 0 -- full
+metadata the first time, a cache id after that -- and rank 0 answers with the actions (Horovod's original protocol).
 
-SharedWindowAgreement (one node): the steady state needs no rank 0. Ranks agree in *cycles* through a small MPI
-shared-memory window. Each rank's slot holds a cycle number and, for the two parities of the cycle number, a flag
-word and a bitmap of the cache ids it has ready. Entering cycle c: write flags + bitmap into slot (c % 2), then
-publish c; wait until every rank has published c; read every rank's slot (c % 2). Every rank thereby reads the
-same snapshot, so every rank computes the same decision with no message:
+CycleAgreement (everything else): the steady state needs no rank 0. Ranks agree in *cycles*: in cycle c each rank
+publishes a slot -- a flag word and a bitmap of the cache ids it has ready -- and waits until it holds every rank's
+cycle-c slot (cycle_exchange.py moves the slots: a shared window on one node, one message per peer across nodes).
+Every rank thereby reads the same snapshot, so every rank computes the same decision with no further message:
   - no flags anywhere: run the ids set on EVERY rank, in id order, fused into buckets by a pure function;
   - any flag (a first sighting, join, shutdown, a request pending too long, or rank 0's coordinator still holding
     something): a *slow cycle* -- every rank hands everything it holds to rank 0's Coordinator over MPI and
     executes the actions it sends back, exactly as the coordinator protocol does; mismatch, stall and join
     handling (and their messages) are the Coordinator's.
-Why two parities suffice: a peer can write slot (c % 2) again only in cycle c + 2, which it can enter only after
-this rank published c + 1, i.e. after this rank finished reading cycle c.
 
 Eager small allreduces: a slot also carries the data of this rank's lowest pending small host allreduce (<= 64 KB,
 one array, no prescale) and its id. When the lowest ready id is such an allreduce and EVERY rank published that id,
 every rank reduces the published copies in rank order (bitwise the same result everywhere) straight into its
-output during the cycle: the agreement barrier is the only synchronisation a small allreduce pays.
-A rank enters the next cycle when it has something new, when a peer has entered it (the engine thread looks at
-the peers' cycle numbers even while idle), or, on rank 0, when the Coordinator's stall check is due. Nothing new
-anywhere means nobody cycles: no busy loop.
+output during the cycle: the agreement exchange is the only synchronisation a small allreduce pays.
+A rank enters the next cycle when it has something new, when a peer has entered it (the engine thread looks for
+that even while idle), or, on rank 0, when the Coordinator's stall check is due. Nothing new anywhere means nobody
+cycles: no busy loop.
 """
 import logging
 import time
 
-import numpy as np
 from mpi4py import MPI
 
 from . import ops
+from .cycle_exchange import MESSAGE_CYCLE_MAX_RANKS, MessageExchange, WindowExchange
 from .errors import StallError
 from .negotiation import CACHE_CAPACITY, SAME_EVERYWHERE, Action, Coordinator, fuse_allreduces
 
@@ -152,47 +149,29 @@ class CoordinatorAgreement:
 _WANTS_COORDINATOR = 1      # this rank has first sightings, join/shutdown, or a request pending too long
 _COORDINATOR_BUSY = 2       # rank 0: the Coordinator still holds undecided requests or joined ranks
 _WORDS = CACHE_CAPACITY // 64
-_SLOT = 1 + _WORDS          # int64 words: flags, bitmap
-_LINE = 64
-EAGER_BYTES = 64 << 10      # small allreduces travel with the cycle: [id, nbytes] + data per parity
-_EAGER_SLOT = _LINE + EAGER_BYTES
+EAGER_BYTES = 64 << 10      # small allreduces travel with the cycle: [id, nbytes] + data
 HANDOVER_S = 0.5            # a cached request not ready everywhere for this long goes to the Coordinator, which
                             # names the missing ranks in its stall warnings and errors
 
 
-class SharedWindowAgreement(CoordinatorAgreement):
-    """One node: cached collectives are agreed through a shared window; the rest through the Coordinator."""
+class CycleAgreement(CoordinatorAgreement):
+    """Cached collectives are agreed in cycles through an exchange (cycle_exchange.py); the rest through the
+    Coordinator."""
 
-    def __init__(self, ctrl, node, config, watchdog):
+    def __init__(self, ctrl, exchange, config, watchdog):
         super().__init__(ctrl, config, watchdog)
-        if node.Get_size() != self.size:
-            raise ValueError("SharedWindowAgreement needs every rank on one node")
-        self._node = node
+        self._exchange = exchange
         self._ids = {}                   # cache id -> (name, Meta), for ids usable on the fast path
         self._ready = 0                  # bitmap (Python int) of this rank's fast-path ids
         self._ready_since = {}           # id -> time it was submitted (handover to the coordinator when old)
         self._handed = []                # items held for the next slow cycle
         self._dirty = False              # something new since the last cycle
         self._cycle = 0
-        control = -(-(8 + 2 * _SLOT * 8) // _LINE) * _LINE
-        per_rank = control + 2 * _EAGER_SLOT
-        self._win = MPI.Win.Allocate_shared(per_rank, 1, comm=node)
-        self._win.Lock_all(MPI.MODE_NOCHECK)
-        views = []
-        for p in range(self.size):
-            mem, _ = self._win.Shared_query(p)
-            views.append(np.frombuffer(mem, dtype=np.uint8, count=per_rank))
-        words = [v[:control].view(np.int64) for v in views]
-        self._seqs = [w[0:1] for w in words]                 # cycle number of each rank
-        self._slots = [(w[1:1 + _SLOT], w[1 + _SLOT:1 + 2 * _SLOT]) for w in words]
-        self._eager_slots = [(v[control:control + _EAGER_SLOT], v[control + _EAGER_SLOT:control + 2 * _EAGER_SLOT])
-                             for v in views]
+        self._words = 1                  # bitmap words in use: ids are dense and assigned in slow cycles, so this
+                                         # is the same on every rank in every cycle
         self._eager = {}                 # id -> Request that may travel eagerly (small host allreduce)
-        views[self.rank][:] = 0
-        self._peers = [p for p in range(self.size) if p != self.rank]
-        self._win.Sync()
-        node.Barrier()
-        self._win.Sync()
+        self._single_actions = {}        # (id, eager) -> its Action (the same few recur every step)
+        self._peers = exchange.peers
 
     # ---- input -----------------------------------------------------------------------------------------------
     def add(self, req):
@@ -222,11 +201,8 @@ class SharedWindowAgreement(CoordinatorAgreement):
         return self._run_cycle()
 
     def _should_enter(self):
-        if self._dirty:
+        if self._dirty or self._exchange.entered_by_peer(self._cycle):
             return True
-        for p in self._peers:
-            if self._seqs[p][0] > self._cycle:
-                return True
         now = time.monotonic()
         if self._ready and min(self._ready_since.values()) < now - HANDOVER_S:
             return True
@@ -234,62 +210,40 @@ class SharedWindowAgreement(CoordinatorAgreement):
 
     def _run_cycle(self):
         c = self._cycle + 1
-        parity = c % 2
+        exchange = self._exchange
         now = time.monotonic()
         wants = bool(self._handed) or (self._ready and min(self._ready_since.values()) < now - HANDOVER_S)
         flags = (_WANTS_COORDINATOR if wants else 0) | (_COORDINATOR_BUSY if self.rank == 0 and super().owes() else 0)
-        slot = self._slots[self.rank][parity]
-        slot[0] = flags
-        slot[1:] = np.frombuffer(self._ready.to_bytes(_WORDS * 8, "little"), dtype=np.int64)
-        self._publish_eager(parity)
-        self._win.Sync()
-        self._seqs[self.rank][0] = c
-        self._wait_for_peers(c)
-        self._win.Sync()
+        eager = None
+        if self._eager:
+            cid = min(self._eager)
+            eager = (cid, self._eager[cid].arrays[0])
+        exchange.publish(c, flags, self._ready, self._words, eager)
+        exchange.gather(c)
         self._cycle, self._dirty = c, False
         any_flags = flags
         ready = self._ready
         for p in self._peers:
-            theirs = self._slots[p][parity]
-            any_flags |= int(theirs[0])
+            any_flags |= exchange.flags(p)
             if ready:
-                ready &= int.from_bytes(theirs[1:].tobytes(), "little")
+                ready &= exchange.bitmap(p, self._words)
         if any_flags:
             return self._slow_cycle(c)
-        return self._fast_actions(ready, parity)
+        return self._fast_actions(ready)
 
-    def _wait_for_peers(self, c):
-        seqs, timeout = self._seqs, self.config.stall_timeout_s
-        missing = self.watchdog.wait_for_all(self._peers, lambda p: seqs[p][0] >= c, f"agreement cycle {c}", timeout)
-        if missing:
-            raise StallError(f"rank {self.rank}: ranks {missing} did not reach agreement cycle {c} within "
-                             f"{timeout:g} s (their engines stopped answering)")
-
-    def _publish_eager(self, parity):
-        """Our lowest pending eager-able request's id and data into this cycle's eager slot (or id -1)."""
-        header = self._eager_slots[self.rank][parity][:16].view(np.int64)
-        if not self._eager:
-            header[0] = -1
-            return
-        cid = min(self._eager)
-        array = self._eager[cid].arrays[0]
-        header[0], header[1] = cid, array.nbytes
-        self._eager_slots[self.rank][parity][_LINE:_LINE + array.nbytes].view(array.dtype).reshape(array.shape)[...] \
-            = array
-
-    def _run_eager(self, cid, parity):
-        """If every rank published `cid`, reduce the published copies into our output; True when done."""
+    def _run_eager(self, cid):
+        """If every rank published `cid`, reduce the published copies (in rank order: bitwise the same result on
+        every rank) into our output; True when done."""
         req = self._eager.get(cid)
         if req is None:
             return False
+        exchange = self._exchange
         nbytes = req.arrays[0].nbytes
         for p in range(self.size):
-            header = self._eager_slots[p][parity][:16].view(np.int64)
-            if header[0] != cid or header[1] != nbytes:
+            if exchange.eager_header(p) != [cid, nbytes]:
                 return False
         meta, out = req.meta, req.outs[0].reshape(-1)
-        dtype = out.dtype
-        data = [self._eager_slots[p][parity][_LINE:_LINE + nbytes].view(dtype) for p in range(self.size)]
+        data = [exchange.eager_data(p, nbytes, out.dtype) for p in range(self.size)]
         ufunc = ops.UFUNCS[meta.op]
         ufunc(data[0], data[1], out=out)
         for p in range(2, self.size):
@@ -300,7 +254,7 @@ class SharedWindowAgreement(CoordinatorAgreement):
             ops.scale_into(out, out, scale)
         return True
 
-    def _fast_actions(self, ready, parity):
+    def _fast_actions(self, ready):
         """The ids ready on every rank, in id order: single actions first, then allreduces fused into buckets.
         The lowest ready id may already have been reduced eagerly from the slots (Action extra ("eager",))."""
         singles, allreduces = [], []
@@ -312,16 +266,22 @@ class SharedWindowAgreement(CoordinatorAgreement):
             self._ready &= ~low
             del self._ready_since[cid]
             name, meta = self._ids[cid]
-            eager = first and self._run_eager(cid, parity)
+            eager = first and self._run_eager(cid)
             first = False
             self._eager.pop(cid, None)
-            if eager:
-                singles.append(Action("allreduce", (name,), (meta,), extra=("eager",)))
-            elif meta.kind == "allreduce":
-                allreduces.append((name, meta))
+            if eager or meta.kind != "allreduce":
+                singles.append(self._single_action(cid, eager))
             else:
-                singles.append(Action(meta.kind, (name,), (meta,)))
+                allreduces.append((name, meta))
         return singles + fuse_allreduces(allreduces, self.config.fusion_threshold)
+
+    def _single_action(self, cid, eager):
+        action = self._single_actions.get((cid, eager))
+        if action is None:
+            name, meta = self._ids[cid]
+            action = self._single_actions[(cid, eager)] = Action(meta.kind, (name,), (meta,),
+                                                                 extra=("eager",) if eager else ())
+        return action
 
     def _slow_cycle(self, c):
         """Everyone hands everything it holds to rank 0's Coordinator and runs what it sends back."""
@@ -362,6 +322,8 @@ class SharedWindowAgreement(CoordinatorAgreement):
             cycle, actions, new_cache = answer[0]
             assert cycle == c, f"coordinator answered cycle {cycle} in cycle {c}"
         self.cache.update(new_cache)
+        if self.cache:
+            self._words = max(self.cache.values()) // 64 + 1
         return actions
 
     def _ids_in(self, bitmap):
@@ -386,12 +348,10 @@ class SharedWindowAgreement(CoordinatorAgreement):
             raise StallError(f"rank {self.rank}: no answer within {timeout:g} s in {what}") from None
 
     def close(self):
-        """Collective over the node: frees the window."""
-        if self._win is not None:
-            self._seqs = self._slots = self._eager_slots = None
-            self._win.Unlock_all()
-            self._win.Free()
-            self._win = None
+        """Collective over the ranks of the exchange (the window's free)."""
+        if self._exchange is not None:
+            self._exchange.close()
+            self._exchange = None
 
 
 def _eager_candidate(req):
@@ -401,6 +361,14 @@ def _eager_candidate(req):
 
 
 def make_agreement(topology, ctrl, config, watchdog):
-    if topology.single_node and topology.size > 1:
-        return SharedWindowAgreement(ctrl, topology.local, config, watchdog)
-    return CoordinatorAgreement(ctrl, config, watchdog)
+    """One node: cycles through a shared window. Several nodes: cycles through messages, up to
+    MESSAGE_CYCLE_MAX_RANKS ranks (each cycle costs N - 1 messages per rank); beyond that the coordinator."""
+    if topology.size == 1:
+        return CoordinatorAgreement(ctrl, config, watchdog)
+    if topology.single_node:
+        exchange = WindowExchange(topology.local, config, watchdog, _WORDS, EAGER_BYTES)
+    elif topology.size <= MESSAGE_CYCLE_MAX_RANKS:
+        exchange = MessageExchange(ctrl, config, watchdog, _WORDS, EAGER_BYTES)
+    else:
+        return CoordinatorAgreement(ctrl, config, watchdog)
+    return CycleAgreement(ctrl, exchange, config, watchdog)

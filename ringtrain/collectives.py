@@ -33,10 +33,13 @@ def _device_of(array):
                     "torch tensors go through ringtrain.torch")
 
 
-def _check_array(array, what):
+def _check_array(array, what, *what_args):
+    """The array's device; ValueError unless C-contiguous. `what % what_args` names the call in the error (formatted
+    only then: this runs on every collective)."""
     device = _device_of(array)
     if not array.flags.c_contiguous:
-        raise ValueError(f"{what}: array of shape {array.shape} is not C-contiguous; pass np.ascontiguousarray(x)")
+        raise ValueError(f"{what % what_args}: array of shape {array.shape} is not C-contiguous; pass "
+                         "np.ascontiguousarray(x)")
     return device
 
 
@@ -60,7 +63,7 @@ def _submit(kind, array, name, op=-1, root=-1, scales=(1.0, 1.0), splits=(), out
     to = to if to is not None else route(None)
     eng = to.engine
     name = _name(kind, name, to)
-    device = _check_array(array, f"{kind} {name!r}")
+    device = _check_array(array, "%s %r", kind, name)
     dt = dtype_name(array.dtype) if op_obj is None else check_op_dtype(op_obj, array.dtype)
     meta = _meta(kind, dt, array.shape, int(op), root, device, (float(scales[0]), float(scales[1])), tuple(splits))
     ops = ops_for(device)
@@ -117,7 +120,7 @@ def _grouped_allreduce(arrays, op, name, prescale_factor, postscale_factor, outs
         raise ValueError(f"grouped_allreduce {name!r} got {len(arrays)} arrays but {len(outs)} outs")
     kinds = {}                       # (dtype, device) -> positions: one request per kind, usually exactly one
     for i, a in enumerate(arrays):
-        kinds.setdefault((a.dtype, _check_array(a, f"grouped_allreduce {name!r} tensor {i}")), []).append(i)
+        kinds.setdefault((a.dtype, _check_array(a, "grouped_allreduce %r tensor %d", name, i)), []).append(i)
     if len(kinds) == 1:
         return _group_request(eng, name, arrays, outs, op, prescale_factor, postscale_factor, sync)
     parts = [(positions, _group_request(eng, f"{name}.{dtype}.{device}", [arrays[i] for i in positions],

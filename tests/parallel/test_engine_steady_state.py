@@ -62,6 +62,33 @@ def test_steady_state_needs_no_coordinator_on_one_node(monkeypatch):
     assert len(slow) == first, f"rank {rt.rank()}: {len(slow) - first} slow cycles in 50 steady-state calls"
 
 
+def test_steady_state_agrees_on_cache_ids_past_the_first_bitmap_word(monkeypatch):
+    """Ids 64 and up live in later words of the ready bitmap: many names in flight at once must still agree in
+    the fast path, and each must get its own sum."""
+    from ringtrain import agreement as agreement_module
+    monkeypatch.setattr(agreement_module, "HANDOVER_S", 60.0)
+    agreement = state.engine().agreement
+    if not hasattr(agreement, "_slow_cycle"):
+        pytest.skip(f"ranks span nodes: agreement is {type(agreement).__name__}")
+    names = [f"steady.many.{k}" for k in range(150)]
+    inputs = [np.full(k % 7 + 1, float(k + 10 * rt.rank()), np.float32) for k in range(len(names))]
+    want = [np.full(k % 7 + 1, float(k * rt.size() + 10 * sum(range(rt.size()))), np.float32)
+            for k in range(len(names))]
+    for name, x in zip(names, inputs):        # first sightings: slow cycles assign ids 0..150+
+        rt.allreduce(x, op=rt.Sum, name=name)
+    slow = []
+    original = agreement._slow_cycle
+    agreement._slow_cycle = lambda c: slow.append(c) or original(c)
+    try:
+        for _ in range(3):
+            handles = [rt.allreduce_async(x, op=rt.Sum, name=name) for name, x in zip(names, inputs)]
+            for k, h in enumerate(handles):
+                np.testing.assert_array_equal(h.wait(), want[k], err_msg=names[k])
+    finally:
+        del agreement._slow_cycle
+    assert not slow, f"rank {rt.rank()}: {len(slow)} slow cycles for names already cached"
+
+
 def test_a_grouped_allreduce_is_one_request():
     eng = state.engine()
     arrays = [np.full(k + 1, float(rt.rank() + k), np.float32) for k in range(200)]

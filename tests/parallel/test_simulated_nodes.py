@@ -57,6 +57,28 @@ def test_engine_runs_the_hierarchy_and_no_window_spans_the_split():
     np.testing.assert_array_equal(rt.allreduce(x, op=rt.Average, name="sim.big"), want)
 
 
+def test_agreement_cycles_cross_the_split_as_messages(monkeypatch):
+    """No agreement window spans two pretend nodes either: cached collectives agree by cycle messages, and the
+    steady state needs no coordinator (the slow path only for the first sighting)."""
+    from ringtrain import agreement as agreement_module
+    from ringtrain.cycle_exchange import MessageExchange
+    monkeypatch.setattr(agreement_module, "HANDOVER_S", 60.0)     # a lagging rank on a loaded machine: not tested
+    agreement = state.engine().agreement
+    assert isinstance(agreement._exchange, MessageExchange)
+    x = np.full(300, rt.rank() + 1.0)
+    rt.allreduce(x, op=rt.Sum, name="sim.cycles")                  # first sighting: through the coordinator
+    slow = []
+    original = agreement._slow_cycle
+    agreement._slow_cycle = lambda c: slow.append(c) or original(c)
+    try:
+        for _ in range(20):
+            got = rt.allreduce(x, op=rt.Sum, name="sim.cycles")
+    finally:
+        del agreement._slow_cycle
+    np.testing.assert_array_equal(got, np.full(300, rt.size() * (rt.size() + 1) / 2))
+    assert not slow, f"rank {rt.rank()}: {len(slow)} slow cycles for a cached name"
+
+
 def test_forced_flat_ring_takes_mpi_across_the_split():
     rt.shutdown()
     try:

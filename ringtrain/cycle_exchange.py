@@ -1,0 +1,236 @@
+"""How one agreement cycle's slots travel between the ranks (the cycle's logic is CycleAgreement, agreement.py).
+
+In cycle c every rank publishes a slot -- flag word, ready-bitmap of cache ids, and optionally one small allreduce's
+id and data ("eager") -- then waits until it holds cycle c's slot of every rank. Every rank then reads the same
+snapshot. Two ways to move the slots, one interface:
+
+  entered_by_peer(cycle) -> bool      has some peer already published cycle + 1? (an idle rank follows it in)
+  publish(c, flags, bitmap, words, eager)   eager: (cache id, array) or None
+  gather(c)                           wait for every rank's cycle-c slot; StallError naming the missing ranks
+  flags(p), bitmap(p, words), eager_header(p), eager_data(p, nbytes, dtype)   of cycle c's slot of rank p
+  close()
+
+WindowExchange (one node): the slots live in an MPI shared-memory window, two per rank (by the parity of c), and
+"published" is a cycle number each rank bumps. A peer can write slot (c % 2) again only in cycle c + 2, which it
+can enter only after this rank published c + 1, i.e. after this rank finished reading cycle c.
+
+MessageExchange (ranks on several nodes): each rank sends its slot to every peer, one small message each
+(point-to-point, so the ranks that never sent are known by name, and an idle rank can see that a cycle started by
+testing its posted receive). Every rank always has one receive posted per peer, for the next cycle. A peer runs at
+most one cycle ahead (it cannot finish cycle c + 1 without our slot of c + 1), and MPI keeps one sender's messages
+in order, so the message that completes the receive for cycle c + 1 is that peer's cycle c + 1. The cost is
+(N - 1) messages per rank per cycle: make_agreement uses it up to MESSAGE_CYCLE_MAX_RANKS ranks.
+"""
+import numpy as np
+from mpi4py import MPI
+
+from .errors import StallError
+
+_LINE = 64
+TAG_CYCLE = 13
+MESSAGE_CYCLE_MAX_RANKS = 64
+
+
+class _SlotViews:
+    """Views into one slot's bytes: int64 header words, uint64 bitmap words, eager header and data."""
+
+    def __init__(self, raw, words):
+        ints = raw[:self.header_bytes(words)].view(np.int64)
+        self.cycle = ints[0:1]
+        self.flags = ints[1:2]
+        self.eager = ints[2:4]                   # [cache id or -1, nbytes]
+        self.bitmap = ints[4:4 + words].view(np.uint64)
+        self.data = raw[self.header_bytes(words):]
+        self._views = {}
+
+    @staticmethod
+    def header_bytes(words):
+        return -(-(4 + words) * 8 // _LINE) * _LINE
+
+    def eager_data(self, nbytes, dtype):
+        key = (nbytes, dtype)
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) > 64:
+                self._views.clear()
+            view = self._views[key] = self.data[:nbytes].view(dtype)
+        return view
+
+
+def _write_bitmap(words_view, bitmap, words):
+    if words == 1:
+        words_view[0] = bitmap
+    else:
+        words_view[:words] = np.frombuffer(bitmap.to_bytes(words * 8, "little"), dtype=np.uint64)
+
+
+def _read_bitmap(words_view, words):
+    if words == 1:
+        return int(words_view[0])
+    return int.from_bytes(words_view[:words].tobytes(), "little")
+
+
+class _Exchange:
+    """What both exchanges share: slot views per (rank, parity) and reading them."""
+
+    def __init__(self, rank, size, config, watchdog, max_words, eager_bytes):
+        self.rank, self.size, self.config, self.watchdog = rank, size, config, watchdog
+        self.peers = [p for p in range(size) if p != rank]
+        self.slot_bytes = _SlotViews.header_bytes(max_words) + eager_bytes
+        self._max_words = max_words
+        self._parity = 0
+
+    def _views(self, buffers):
+        return [tuple(_SlotViews(b, self._max_words) for b in pair) for pair in buffers]
+
+    def _slot(self, p):
+        return self._slots[p][self._parity]
+
+    def flags(self, p):
+        return int(self._slot(p).flags[0])
+
+    def bitmap(self, p, words):
+        return _read_bitmap(self._slot(p).bitmap, words)
+
+    def eager_header(self, p):
+        return self._slot(p).eager.tolist()
+
+    def eager_data(self, p, nbytes, dtype):
+        return self._slot(p).eager_data(nbytes, dtype)
+
+    def _fill(self, c, flags, bitmap, words, eager):
+        """Write our slot for cycle c; returns its length in bytes (header, plus eager data when there is some)."""
+        self._parity = c % 2
+        mine = self._slot(self.rank)
+        mine.cycle[0] = c
+        mine.flags[0] = flags
+        _write_bitmap(mine.bitmap, bitmap, words)
+        if eager is None:
+            mine.eager[0] = -1
+            return _SlotViews.header_bytes(self._max_words)
+        cid, array = eager
+        mine.eager[0], mine.eager[1] = cid, array.nbytes
+        mine.eager_data(array.nbytes, array.dtype)[...] = array.reshape(-1)
+        return _SlotViews.header_bytes(self._max_words) + array.nbytes
+
+    def _stall(self, c, missing):
+        timeout = self.config.stall_timeout_s
+        raise StallError(f"rank {self.rank}: ranks {missing} did not reach agreement cycle {c} within "
+                         f"{timeout:g} s (their engines stopped answering)")
+
+
+class WindowExchange(_Exchange):
+    """Slots in an MPI shared-memory window on the node communicator (every rank on one node)."""
+
+    def __init__(self, node, config, watchdog, max_words, eager_bytes):
+        super().__init__(node.Get_rank(), node.Get_size(), config, watchdog, max_words, eager_bytes)
+        # per rank: one cache line holding the cycle number it last published, then its two slots
+        per_rank = _LINE + 2 * self.slot_bytes
+        self._win = MPI.Win.Allocate_shared(per_rank, 1, comm=node)
+        self._win.Lock_all(MPI.MODE_NOCHECK)
+        buffers, published = [], []
+        for p in range(self.size):
+            mem, _ = self._win.Shared_query(p)
+            raw = np.frombuffer(mem, dtype=np.uint8, count=per_rank)
+            published.append(raw[:8].view(np.int64))
+            buffers.append((raw[_LINE:_LINE + self.slot_bytes], raw[_LINE + self.slot_bytes:]))
+            if p == self.rank:
+                raw[:] = 0                     # MPI does not zero the window; each rank clears its own part
+        self._slots = self._views(buffers)
+        self._published = published
+        self._win.Sync()
+        node.Barrier()
+        self._win.Sync()
+
+    def entered_by_peer(self, cycle):
+        for p in self.peers:
+            if self._published[p][0] > cycle:
+                return True
+        return False
+
+    def publish(self, c, flags, bitmap, words, eager):
+        self._fill(c, flags, bitmap, words, eager)
+        self._win.Sync()
+        self._published[self.rank][0] = c
+
+    def gather(self, c):
+        published, timeout = self._published, self.config.stall_timeout_s
+        missing = self.watchdog.wait_for_all(self.peers, lambda p: published[p][0] >= c, f"agreement cycle {c}",
+                                             timeout)
+        if missing:
+            self._stall(c, missing)
+        self._win.Sync()
+
+    def close(self):
+        """Collective over the node: frees the window."""
+        if self._win is not None:
+            self._slots = self._published = None
+            self._win.Unlock_all()
+            self._win.Free()
+            self._win = None
+
+
+class MessageExchange(_Exchange):
+    """Slots as point-to-point messages on the control communicator: each rank sends its slot to every peer."""
+
+    def __init__(self, ctrl, config, watchdog, max_words, eager_bytes):
+        super().__init__(ctrl.Get_rank(), ctrl.Get_size(), config, watchdog, max_words, eager_bytes)
+        self._ctrl = ctrl
+        buffers = [(np.zeros(self.slot_bytes, np.uint8), np.zeros(self.slot_bytes, np.uint8)) for _ in range(self.size)]
+        self._buffers = buffers
+        self._slots = self._views(buffers)
+        self._sends = ([], [])                 # outstanding sends of our slot, by parity
+        self._receives = {}                    # peer -> receive posted for the next cycle (None once it arrived)
+        self._next = 1                         # the cycle those receives are for
+        self._post_receives()
+
+    def _post_receives(self):
+        parity = self._next % 2
+        self._receives = {p: self._ctrl.Irecv([self._buffers[p][parity], MPI.BYTE], source=p, tag=TAG_CYCLE)
+                          for p in self.peers}
+
+    def _arrived(self, p):
+        request = self._receives[p]
+        if request is None:
+            return True
+        if request.Test():
+            self._receives[p] = None
+            return True
+        return False
+
+    def entered_by_peer(self, cycle):
+        if cycle + 1 != self._next:
+            return False
+        for p in self.peers:
+            if self._arrived(p):
+                return True
+        return False
+
+    def publish(self, c, flags, bitmap, words, eager):
+        parity = c % 2
+        # our cycle c - 2 message used this buffer; every peer has it (they finished c - 1 with our c - 1 slot)
+        MPI.Request.Waitall(self._sends[parity])
+        nbytes = self._fill(c, flags, bitmap, words, eager)
+        mine = self._buffers[self.rank][parity][:nbytes]
+        self._sends[parity][:] = [self._ctrl.Isend([mine, MPI.BYTE], dest=p, tag=TAG_CYCLE) for p in self.peers]
+
+    def gather(self, c):
+        assert c == self._next, f"rank {self.rank}: cycle {c} while receives are posted for cycle {self._next}"
+        missing = self.watchdog.wait_for_all(self.peers, self._arrived, f"agreement cycle {c}",
+                                             self.config.stall_timeout_s)
+        if missing:
+            self._stall(c, missing)
+        for p in self.peers:
+            got = int(self._slots[p][c % 2].cycle[0])
+            assert got == c, f"rank {self.rank}: rank {p} sent its cycle {got} slot in cycle {c}"
+        self._next = c + 1
+        self._post_receives()
+
+    def close(self):
+        for request in self._receives.values():
+            if request is not None:
+                request.Cancel()
+                request.Wait()
+        self._receives = {}
+        for sends in self._sends:
+            MPI.Request.Waitall(sends)
