@@ -16,6 +16,7 @@ from .errors import (NotInitializedError, RankFailureError, RingtrainError, Shut
 from .handle import Handle
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .ops import Average, Max, Min, Product, ReduceOp, Sum, bfloat16
+from .shared_arrays import empty_shared
 from .state import (config, cross_rank, cross_size, gpu_device, init, is_homogeneous, is_initialized, local_rank,
                     local_size, rank, shutdown, size, start_timeline, stop_timeline, transport_name)
 

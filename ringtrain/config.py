@@ -9,6 +9,8 @@ _MB = 1 << 20
 class Config:
     transport: str = "auto"            # auto | shm | mpi | mpi_allreduce | nccl | nccl_allreduce | cuda_ipc
     fusion_threshold: int = 32 * _MB   # bytes per fusion bucket
+    shared_pool_bytes: int = 256 * _MB  # shm: room per rank in the shared window for empty_shared() arrays
+                                        # (address space only: a page costs memory once an array touches it)
     cycle_time_ms: float = 1.0         # longest the engine sleeps before looking at the queue again
     segment_bytes: int = 1 * _MB       # ring pipeline segment
     max_message_elements: int = 2**31 - 1  # MPI counts are int: larger transfers are split

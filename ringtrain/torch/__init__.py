@@ -28,6 +28,7 @@ from .functions import (  # noqa: F401
     shutdown, size, sparse_allreduce_async, start_timeline, stop_timeline, synchronize,
 )
 from .optimizer import DistributedOptimizer  # noqa: F401
+from .shared import empty_shared  # noqa: F401
 from .sync_batch_norm import SyncBatchNorm  # noqa: F401
 # last: the submodule ringtrain.torch.broadcast must not shadow the function hvd.broadcast
 from .autograd import (allgather, allreduce, alltoall, broadcast, grouped_allgather, grouped_allreduce,  # noqa: F401

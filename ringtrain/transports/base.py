@@ -47,6 +47,11 @@ class Transport(abc.ABC):
             self._staging = np.empty(max(nbytes, 1), dtype=np.uint8)
         return self._staging[:nbytes]
 
+    def shared_array(self, nbytes):
+        """A 1-D uint8 array of nbytes that this transport reduces without copying it in or out (it lives where
+        peers can read it), or None when the transport has no such memory (or none left). Valid until close()."""
+        return None
+
     def allreduce(self, buf, op):
         counts = even_counts(buf.size, self.size)
         self.reducescatter(buf, counts, op)

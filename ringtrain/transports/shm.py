@@ -29,6 +29,9 @@ slots, so nothing else can overwrite them early.
 Inputs larger than the region are processed in chunks, each holding 1/K of every block so every rank keeps
 working on every chunk. broadcast and alltoall go through nonblocking MPI on the same communicator.
 """
+import logging
+import threading
+
 import numpy as np
 from mpi4py import MPI
 
@@ -36,6 +39,8 @@ from .. import ops
 from ..errors import StallError, TransportError
 from .base import Transport, even_counts, offsets
 from . import mpi_util
+
+log = logging.getLogger("ringtrain")
 
 _PAGE = 4096
 _LINE = 64                     # one cache line of flags per rank, so ranks never write the same line
@@ -69,7 +74,12 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
         # whole cache lines; at least two int64 per rank so a chunk always has room for a piece of every block
         self.capacity = -(-max(int(config.fusion_threshold), 16 * self.size, _LINE) // _LINE) * _LINE
         header = -(-(self.size * _LINE) // _PAGE) * _PAGE
-        self._win = MPI.Win.Allocate_shared(header + self.capacity + 2 * _SMALL_SLOT, 1, comm=node)
+        # after the staging area: a pool for shared_array() (whole pages; address space until an array touches it)
+        pool = -(-max(int(config.shared_pool_bytes), 0) // _PAGE) * _PAGE
+        self._region_bytes = -(-self.capacity // _PAGE) * _PAGE + pool
+        self._pool_start = self._pool_next = self._region_bytes - pool
+        self._pool_lock = threading.Lock()
+        self._win = MPI.Win.Allocate_shared(header + self._region_bytes + 2 * _SMALL_SLOT, 1, comm=node)
         # a passive-target epoch for the whole lifetime, so Win.Sync() (a local memory barrier) is legal
         self._win.Lock_all(MPI.MODE_NOCHECK)
         self._closed = False
@@ -77,8 +87,8 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
         for p in range(self.size):
             mem, _ = self._win.Shared_query(p)
             segments.append(np.frombuffer(mem, dtype=np.uint8))
-        self._data = [seg[header: header + self.capacity] for seg in segments]
-        small = header + self.capacity
+        self._data = [seg[header: header + self._region_bytes] for seg in segments]
+        small = header + self._region_bytes
         self._small_slots = [(seg[small: small + _SMALL_SLOT], seg[small + _SMALL_SLOT: small + 2 * _SMALL_SLOT])
                              for seg in segments]
         self._small_calls = 0
@@ -103,18 +113,32 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
             return self._data[self.rank][:nbytes]
         return super().staging_buffer(nbytes)
 
+    def shared_array(self, nbytes):
+        """Room in this rank's region past the staging area: an allreduce of it (in place) reads peers' copies
+        straight from their regions and leaves the result in ours -- no copy-in, no copy-out. None once the pool
+        (config.shared_pool_bytes) is used up. Never freed: numpy views of it cannot be tracked (their base is
+        the window's buffer), so once one was handed out close() keeps the window mapped until exit."""
+        size = -(-max(int(nbytes), 1) // _LINE) * _LINE
+        with self._pool_lock:
+            start = self._pool_next
+            if self._closed or start + size > self._region_bytes:
+                return None
+            self._pool_next = start + size
+        return self._data[self.rank][start: start + int(nbytes)]
+
     def _offset_in_region(self, buf):
         """Byte offset of buf inside our region, or None when buf is ordinary memory."""
         if buf.size == 0:
             return None
         start = buf.__array_interface__["data"][0] - self._region_address
-        if 0 <= start and start + buf.nbytes <= self.capacity:
+        if 0 <= start and start + buf.nbytes <= self._region_bytes:
             if not buf.flags.c_contiguous:
                 raise ValueError(f"rank {self.rank}: shm buffers must be contiguous")
             return start
-        if -buf.nbytes < start < self.capacity:
+        if -buf.nbytes < start < self._region_bytes:
             raise ValueError(f"rank {self.rank}: buffer of {buf.nbytes} bytes overlaps the end of the shared "
-                             f"region ({self.capacity} bytes); use staging_buffer(nbytes) with nbytes <= capacity")
+                             f"region ({self._region_bytes} bytes); use staging_buffer(nbytes) with nbytes <= "
+                             f"capacity")
         return None
 
     def _chunks(self, counts, itemsize, in_region):
@@ -188,6 +212,10 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
             ops.scale_into(dst, src, scale)
         elif src.nbytes <= SMALL_BYTES:
             self._small_allreduce(src, op, dst, scale)
+        elif dst is not src and (self._offset_in_region(src) is not None or self._offset_in_region(dst) is not None):
+            # a shared_array() on one side only: reduce in place in dst (copy-free when dst is the shared one)
+            dst[...] = src
+            self.allreduce_out(dst, dst, op, scale)
         else:
             self._collective(src, even_counts(src.size, self.size), op, reduce=True, gather=True, kind=1, out=dst,
                              scale=scale)
@@ -214,7 +242,8 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
             return
         r, n, itemsize = self.rank, self.size, buf.itemsize
         out = buf if out is None else out
-        in_region = self._offset_in_region(buf)
+        # a buffer in our region is used where it lies -- if it fits one chunk, as every rank's copy-in does then
+        in_region = self._offset_in_region(buf) if buf.nbytes <= self.capacity else None
         if out is not buf and (in_region is not None or self._offset_in_region(out) is not None):
             raise ValueError(f"rank {r}: an out-of-place shm allreduce takes buffers outside the shared region")
         my_offset = in_region if in_region is not None else 0
@@ -302,8 +331,14 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
             return
         self._closed = True
         self._data = self._seqs = self._offsets = self._small_slots = None
-        self._win.Unlock_all()
-        self._win.Free()
+        # an array from shared_array() may still be in use: freeing would turn it into a dangling pointer, so
+        # then every rank keeps the window (the decision is collective: Win.Free is)
+        keep = self._node.allreduce(self._pool_next > self._pool_start, op=MPI.LOR)
+        if keep:
+            log.info("rank %d: shared arrays were handed out; the shm window stays mapped until exit", self.rank)
+        else:
+            self._win.Unlock_all()
+            self._win.Free()
         self._node.Free()
         self._wire.free()
         if self.comm != MPI.COMM_WORLD:
