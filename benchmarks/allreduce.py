@@ -6,6 +6,7 @@ Implementations (each skipped with a printed reason where it cannot run here):
   ringtrain-<t>      rt.allreduce(x, op=rt.Sum) through the public API with rt.init(transport=t), t in shm, mpi
                      (nccl, cuda_ipc on cupy arrays when a GPU is bound)
   ringtrain-torch-shm  ringtrain.torch.allreduce_(tensor, op=Sum): the torch binding, in place on a torch tensor
+  ringtrain-shm-shared rt.allreduce(x, out=x) on an rt.empty_shared() array: the API on memory in the shm window
   ringtrain-2nodes-flat / -hierarchical  rt.allreduce with the ranks split into two pretend nodes
                      (RINGTRAIN_SIMULATE_NODES=2): the flat mpi ring vs the hierarchy (shm inside each pretend node,
                      mpi between them), with a hierarchical/flat ratio table; on 2 ranks (1+1) the hierarchy is
@@ -259,6 +260,33 @@ class RingtrainTorch(RingtrainAPI):
         return torch_in_place_runner(x, lambda tensor: binding.allreduce_(tensor, op=binding.Sum, name=name))
 
 
+class RingtrainShared(RingtrainAPI):
+    """rt.allreduce in place on an rt.empty_shared() array: the public API on memory the shm transport reduces
+    where it lies (what a training loop's persistent gradient bucket can be), so no copy-in and no copy-out."""
+
+    def __init__(self, comm, transport):
+        super().__init__(comm, transport)
+        self.name = f"ringtrain-{transport}-shared"
+        self._buffers = {}
+
+    def runner(self, x, dtype_name, nbytes):
+        rt = self.rt
+        name = f"bench.shared.{dtype_name}.{nbytes}"
+        buf = self._buffers.get(x.dtype)
+        if buf is None or buf.size < x.size:    # one pool array per dtype, grown to the largest size seen
+            buf = self._buffers[x.dtype] = rt.empty_shared(x.size, x.dtype)
+        view = buf[:x.size]
+
+        def run():
+            rt.allreduce(view, op=rt.Sum, name=name, out=view)
+
+        def check():
+            view[...] = x
+            run()
+            return view.copy()
+        return run, check
+
+
 class RawTransport:
     """The transport class without the engine: allreduce in place on its own staging buffer."""
 
@@ -473,7 +501,8 @@ def init_torch_distributed(comm, backend):
 
 def build_impls(comm, names):
     impls = [
-        RingtrainAPI(comm, "shm"), RingtrainTorch(comm, "shm"), RawTransport(comm, "shm"),
+        RingtrainAPI(comm, "shm"), RingtrainTorch(comm, "shm"), RingtrainShared(comm, "shm"),
+        RawTransport(comm, "shm"),
         RingtrainAPI(comm, "mpi"), RawTransport(comm, "mpi"),
         RingtrainPretendNodes(comm, hierarchical=False), RingtrainPretendNodes(comm, hierarchical=True),
         MPIAllreduce(comm), TorchGloo(comm), HorovodTorch(comm),
