@@ -37,9 +37,10 @@ class Tests:
     paths: tuple
     ranks: int = 0
     select: str = ""
+    env: tuple = ()    # extra (name, value) pairs, e.g. (("RINGTRAIN_SIMULATE_NODES", "2"),)
 
     def describe(self):
-        where = f"mpiexec -n {self.ranks} " if self.ranks else ""
+        where = "".join(f"{k}={v} " for k, v in self.env) + (f"mpiexec -n {self.ranks} " if self.ranks else "")
         return where + " ".join(p.replace("tests/", "") for p in self.paths) + (f" -k '{self.select}'"
                                                                                 if self.select else "")
 
@@ -137,6 +138,17 @@ MUTANTS = [
            "ufunc(data[0], data[0], out=out)",
            (Tests(("tests/parallel/test_engine_steady_state.py",), ranks=2, select="eagerly"),),
            "a small cached allreduce, reduced from the agreement cycle's slots, leaves out rank 1"),
+    Mutant("message_cycle_reads_its_own_bitmap", "ringtrain/agreement.py",
+           "ready &= exchange.bitmap(p, self._words)",
+           "ready &= exchange.bitmap(self.rank, self._words)",
+           (Tests(("tests/parallel/test_engine_steady_state.py",), ranks=4, select="bitmap_word",
+                  env=(("RINGTRAIN_SIMULATE_NODES", "2"),)),),
+           "across (pretend) nodes a rank runs what IT has ready, not what every rank has ready"),
+    Mutant("shared_array_read_at_offset_zero", "ringtrain/transports/shm.py",
+           "my_offset = in_region if in_region is not None else 0",
+           "my_offset = 0",
+           (Tests(("tests/parallel/test_shared_arrays.py",), ranks=2, select="in_place"),),
+           "peers read an empty_shared() array at the start of the region instead of where it lies"),
     Mutant("allreduce_out_forgets_the_scale", "ringtrain/transports/shm.py",
            "ops.scale_into(acc, acc, scale)",
            "pass",
@@ -217,6 +229,7 @@ def run_tests(tests, root):
                RINGTRAIN_STALL_TIMEOUT_S="30")
     if tests.ranks:
         env["RINGTRAIN_TEST_WORLD_SIZE"] = str(tests.ranks)
+    env.update(tests.env)
     start = time.monotonic()
     proc = subprocess.Popen(command(tests), cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
