@@ -93,7 +93,7 @@ def to_array(tensor):
     callers that need in-place semantics make it so first (see _contiguous)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
-    t = tensor.detach()
+    t = tensor.detach() if tensor.requires_grad else tensor    # detach() costs a few us per call: gradients skip it
     if t.is_cuda:
         from ringtrain.gpu import from_dlpack  # GPU path only: keeps cupy out of CPU-only processes
         return from_dlpack(t)
