@@ -19,6 +19,7 @@ import ringtrain as _core
 from ringtrain.build_info import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled,  # noqa: F401
                                   mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rocm_built)
 from ringtrain.ops import Adasum, Average, Sum, Min, Max, Product, ReduceOp, as_op  # noqa: F401  (re-exported)
+from ringtrain.ops import resolve_op
 from ringtrain.process_sets import (ProcessSet, add_process_set, global_process_set,  # noqa: F401
                                     remove_process_set)
 
@@ -159,22 +160,13 @@ def poll(handle):
     return handle.poll()
 
 
-def _resolve_op(op, average):
-    """Horovod's deprecated `average=` flag still works; `op` wins when both are given."""
-    if op is not None:
-        return as_op(op)
-    if average is None or average:
-        return Average
-    return Sum
-
-
 # ---------------------------------------------------------------- allreduce (in place and async; the differentiable
 # copies allreduce/grouped_allreduce/... live in autograd.py)
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                     process_set=global_process_set):
     """Start an allreduce of `tensor` into a new tensor; returns a TensorHandle."""
-    op = _resolve_op(op, average)
+    op = resolve_op(op, average)
     array = to_array(_contiguous(tensor))
     handle = _core.allreduce_async(array, op=op, name=name, prescale_factor=prescale_factor,
                                    postscale_factor=postscale_factor, process_set=process_set)
@@ -201,7 +193,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, po
 
 def _in_place(tensor, average, op):
     work = _contiguous(tensor)
-    return _resolve_op(op, average), work, to_array(work)
+    return resolve_op(op, average), work, to_array(work)
 
 
 def _copy_back(tensor, work):
@@ -215,7 +207,7 @@ def _copy_back(tensor, work):
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                             process_set=global_process_set):
     """One handle for many tensors, negotiated and fused together; wait() returns the list of results."""
-    op = _resolve_op(op, average)
+    op = resolve_op(op, average)
     arrays = [to_array(_contiguous(t)) for t in tensors]
     handle = _core.grouped_allreduce_async(arrays, op=op, name=name, process_set=process_set,
                                            **_scales(prescale_factor, postscale_factor))
@@ -225,7 +217,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                              process_set=global_process_set):
     """In-place grouped allreduce: each result lands in its own tensor; wait() returns the list of tensors."""
-    op = _resolve_op(op, average)
+    op = resolve_op(op, average)
     tensors = list(tensors)
     works = [_contiguous(t) for t in tensors]
     arrays = [to_array(w) for w in works]
@@ -270,7 +262,7 @@ class SparseHandle:
 def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     """Allreduce of a sparse COO tensor as Horovod does it: allgather every rank's indices and values (duplicates
     summed when the result is coalesced); op=Average divides the values by the set's size."""
-    op = _resolve_op(op, None)
+    op = resolve_op(op, None)
     if op not in (Average, Sum):
         raise ValueError(f"sparse_allreduce supports op=Average or Sum, got {op.name.title()}")
     t = tensor.coalesce() if not tensor.is_coalesced() else tensor
