@@ -76,10 +76,14 @@ def test_one_rank_needs_no_host_call(tf, monkeypatch):
     graph holds the host call (without that half, a shortcut taken everywhere would pass the first)."""
     from ringtrain.tensorflow import gradients
 
+    class Ranks:                                        # a registered set of `count` ranks, as far as it is asked
+        def __init__(self, count):
+            self.size = lambda: count
+
     def traced(ranks):
-        monkeypatch.setattr(gradients, "size", lambda: ranks)
+        monkeypatch.setattr(gradients, "route", lambda process_set: None)
         fn = tf.function(lambda g: gradients.allreduce_gradients([g, None], "one", prescale_factor=0.5,
-                                                                 postscale_factor=3.0))
+                                                                 postscale_factor=3.0, process_set=Ranks(ranks)))
         graph = fn.get_concrete_function(tf.TensorSpec([3], tf.float32)).graph
         return fn, {op.type for op in graph.get_operations() if "PyFunc" in op.type}
 

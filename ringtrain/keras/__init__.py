@@ -12,11 +12,11 @@
 import keras as _keras
 
 from ringtrain.tensorflow import (  # noqa: F401
-    Average, Compression, DistributedGradientTape, Max, Min, Product, RankFailureError, ReduceOp, RingtrainError,
-    StallError, Sum, TensorMismatchError, UnsupportedDtypeError,
-    allgather, allgather_object, allreduce, alltoall, barrier, broadcast, broadcast_, broadcast_object,
-    broadcast_variables, cross_rank, cross_size, grouped_allreduce, init, is_initialized, join, local_rank,
-    local_size, rank, reducescatter, shutdown, size,
+    Average, Compression, DistributedGradientTape, Max, Min, ProcessSet, Product, RankFailureError, ReduceOp,
+    RingtrainError, StallError, Sum, TensorMismatchError, UnsupportedDtypeError,
+    add_process_set, allgather, allgather_object, allreduce, alltoall, barrier, broadcast, broadcast_,
+    broadcast_object, broadcast_variables, cross_rank, cross_size, global_process_set, grouped_allreduce, init,
+    is_initialized, join, local_rank, local_size, rank, reducescatter, remove_process_set, shutdown, size,
 )
 
 from . import callbacks  # noqa: F401

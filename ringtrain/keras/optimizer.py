@@ -39,15 +39,16 @@ class _DistributedOptimizerMixin:
     """Mixed in front of the wrapped optimizer's own class (see DistributedOptimizer)."""
 
     def _rt_setup(self, compression, sparse_as_dense, backward_passes_per_step, average_aggregated_gradients, op,
-                  gradient_predivide_factor, bucket_cap_mb):
+                  gradient_predivide_factor, bucket_cap_mb, process_set):
         self._rt_passes_per_step = int(backward_passes_per_step)
         self._rt_average_aggregated = bool(average_aggregated_gradients)
         self._rt_prefix = f"DistributedOptimizer{next(_instance_counter)}"
+        self._rt_process_set = process_set
         scales = {}
         if gradient_predivide_factor != 1.0:
             scales = dict(prescale_factor=1.0 / gradient_predivide_factor, postscale_factor=gradient_predivide_factor)
         self._rt_options = dict(compression=compression, op=op, sparse_as_dense=sparse_as_dense,
-                                bucket_cap_mb=bucket_cap_mb, **scales)
+                                bucket_cap_mb=bucket_cap_mb, process_set=process_set, **scales)
 
     def build(self, variables):
         variables = list(variables)
@@ -63,7 +64,8 @@ class _DistributedOptimizerMixin:
     def _rt_check_same_model(self, variables):
         # position first: two Dense layers both have a 'dense/kernel' once Keras's counters are stripped
         mine = [(f"{variable_name(v)} (#{i})", tuple(v.shape), str(v.dtype)) for i, v in enumerate(variables)]
-        everyone = functions.allgather_object(mine, name=self._rt_prefix + ".model_check")
+        everyone = functions.allgather_object(mine, name=self._rt_prefix + ".model_check",
+                                              process_set=self._rt_process_set)
         if any(entries != everyone[0] for entries in everyone):
             raise TensorMismatchError(describe_model_mismatch(
                 everyone, "DistributedOptimizer", "variable", lambda spec: f"shape {spec[0]} {spec[1]}",
@@ -112,7 +114,7 @@ _wrapper_classes = {}
 
 def DistributedOptimizer(optimizer, name=None, compression=Compression.none, sparse_as_dense=False,
                          backward_passes_per_step=1, average_aggregated_gradients=False, op=Average,
-                         gradient_predivide_factor=1.0, bucket_cap_mb=25):
+                         gradient_predivide_factor=1.0, bucket_cap_mb=25, process_set=None):
     """Return a Keras 3 optimizer of `optimizer`'s own class and configuration whose updates use gradients averaged
     over all ranks. Wrap it before its first step: it is rebuilt from optimizer.get_config(), so state the original
     already holds is not carried over.
@@ -120,7 +122,8 @@ def DistributedOptimizer(optimizer, name=None, compression=Compression.none, spa
     compression: Compression.none | fp16 | bf16 on the wire. op: Average (default) or Sum.
     backward_passes_per_step: apply every k-th step the sum of k steps' gradients (their mean with
     average_aggregated_gradients=True). sparse_as_dense: densify tf.IndexedSlices gradients instead of gathering.
-    bucket_cap_mb: gradients are allreduced in grouped buckets of at most this size.
+    bucket_cap_mb: gradients are allreduced in grouped buckets of at most this size. process_set: average over that
+    set's ranks only (default: all ranks).
     """
     op = as_op(op)
     if gradient_predivide_factor != 1.0 and op != Average:
@@ -141,5 +144,6 @@ def DistributedOptimizer(optimizer, name=None, compression=Compression.none, spa
         config["name"] = name
     wrapped = cls.from_config(config)
     wrapped._rt_setup(compression, sparse_as_dense, backward_passes_per_step, average_aggregated_gradients, op,
-                      gradient_predivide_factor, bucket_cap_mb)
+                      gradient_predivide_factor, bucket_cap_mb,
+                      functions.global_process_set if process_set is None else process_set)
     return wrapped

@@ -21,9 +21,9 @@ from ringtrain.errors import (RankFailureError, RingtrainError, StallError, Tens
 
 from .compression import Compression  # noqa: F401
 from .functions import (  # noqa: F401
-    Average, Max, Min, Product, ReduceOp, Sum,
-    allgather, allgather_object, allreduce, alltoall, barrier, broadcast, broadcast_, broadcast_object,
-    broadcast_variables, cross_rank, cross_size, grouped_allreduce, init, is_initialized, join, local_rank,
-    local_size, rank, reducescatter, shutdown, size,
+    Average, Max, Min, Product, ProcessSet, ReduceOp, Sum,
+    add_process_set, allgather, allgather_object, allreduce, alltoall, barrier, broadcast, broadcast_,
+    broadcast_object, broadcast_variables, cross_rank, cross_size, global_process_set, grouped_allreduce, init,
+    is_initialized, join, local_rank, local_size, rank, reducescatter, remove_process_set, shutdown, size,
 )
 from .gradient_tape import DistributedGradientTape  # noqa: F401

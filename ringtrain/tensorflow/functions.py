@@ -12,9 +12,13 @@ allreduce -> allreduce of the gradient with the same op and scales (Average or S
 the gradient averaged over ranks; broadcast -> the averaged gradient on the root, zeros elsewhere; alltoall -> the
 reverse alltoall; reducescatter -> allgather of the gradient (divided by size() for Average).
 
-Auto names (name=None) must be the same on every rank: eagerly they count calls ("tf.allreduce.7"); in a graph they
-come from the input tensor's graph name ("tf.allreduce.dense/MatMul:0"), which does not depend on how many
-functions a rank happened to trace before.
+Auto names (name=None) must be the same on every rank: eagerly they count calls ("tf.allreduce.7", per process set:
+"tf.allreduce.set2.3"); in a graph they come from the input tensor's graph name ("tf.allreduce.dense/MatMul:0"),
+which does not depend on how many functions a rank happened to trace before.
+
+Every collective takes `process_set=` (default: all ranks), as Horovod: only the set's ranks call it, a
+broadcast's root_rank is a world rank, allgather / alltoall / reducescatter order blocks by rank within the set, and
+the gradients' rules use the set's size and rank.
 
     import ringtrain.tensorflow as hvd
     hvd.init()
@@ -35,6 +39,8 @@ from ringtrain import (allgather_object, barrier, broadcast_object, cross_rank, 
                        is_initialized, join, local_rank, local_size, rank, shutdown, size)
 from ringtrain.ops import Average, Max, Min, Product, ReduceOp, Sum, as_op  # noqa: F401  (re-exported)
 from ringtrain.ops import resolve_op
+from ringtrain.process_sets import (ProcessSet, add_process_set, global_process_set,  # noqa: F401  (re-exported)
+                                    remove_process_set, route)
 
 from . import arrays
 from .compression import Compression
@@ -50,9 +56,14 @@ _graph_counts = weakref.WeakKeyDictionary()   # graph -> names used in it (a nam
 _no_autograph = tf.autograph.experimental.do_not_convert
 
 
-def _auto_name(kind, name, tensor):
+def _auto_name(kind, name, tensor, process_set=global_process_set):
+    """Also the early check every collective passes: a set this rank is not in raises here, at trace time, with the
+    core's message (shapes below use the set's rank)."""
+    route(process_set)
     if name is not None:
         return name
+    if process_set.process_set_id:
+        kind = f"{kind}.set{process_set.process_set_id}"   # eager counts per set: members agree on them
     if tf.executing_eagerly():
         with _count_lock:
             _eager_counts[kind] += 1
@@ -109,132 +120,136 @@ def _zeros_for_none(grads, like):
 # ---------------------------------------------------------------- allreduce
 
 
-def _allreduce_raw(tensors, names, op, prescale_factor, postscale_factor):
+def _allreduce_raw(tensors, names, op, prescale_factor, postscale_factor, process_set):
     """One host call reducing every tensor of the list (each its own named request; the engine fuses them)."""
     def run(*inputs):
         handles = [_core.allreduce_async(_as_numpy(x), op=op, name=n, prescale_factor=prescale_factor,
-                                         postscale_factor=postscale_factor, out=_output_like(x))
+                                         postscale_factor=postscale_factor, out=_output_like(x),
+                                         process_set=process_set)
                    for x, n in zip(inputs, names)]
         return [h.wait() for h in handles]
     return host_call(run, tensors, [(t.dtype, t.shape) for t in tensors], names[0])
 
 
-def _allreduce_differentiable(tensors, names, op, prescale_factor, postscale_factor):
+def _allreduce_differentiable(tensors, names, op, prescale_factor, postscale_factor, process_set):
     @tf.custom_gradient
     def reduce(*xs):
-        ys = _allreduce_raw(list(xs), names, op, prescale_factor, postscale_factor)
+        ys = _allreduce_raw(list(xs), names, op, prescale_factor, postscale_factor, process_set)
 
         def grad(*dys):
             if op not in (Average, Sum):
                 raise NotImplementedError(f"allreduce with op={op.name} has no gradient (only Average and Sum)")
             return _allreduce_raw(_zeros_for_none(dys, ys), [n + ".grad" for n in names], op,
-                                  prescale_factor, postscale_factor)
+                                  prescale_factor, postscale_factor, process_set)
         return ys, grad
     return list(reduce(*tensors))
 
 
-def _allreduce_indexed_slices(slices, name, op):
-    """A sparse gradient: gather every rank's (values, indices) instead of densifying; Average divides by size()."""
+def _allreduce_indexed_slices(slices, name, op, process_set):
+    """A sparse gradient: gather every rank's (values, indices) instead of densifying; Average divides by the size."""
     if op not in (Average, Sum):
         raise ValueError(f"allreduce of tf.IndexedSlices supports op=Average or Sum, got {op.name}")
-    values = allgather(slices.values, name=name + ".values")
-    indices = allgather(slices.indices, name=name + ".indices")
+    values = allgather(slices.values, name=name + ".values", process_set=process_set)
+    indices = allgather(slices.indices, name=name + ".indices", process_set=process_set)
     if op == Average:
-        values = values / tf.cast(size(), values.dtype)
+        values = values / tf.cast(process_set.size(), values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
 @_no_autograph
 def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=Compression.none, op=None,
-              prescale_factor=1.0, postscale_factor=1.0, name=None):
+              prescale_factor=1.0, postscale_factor=1.0, name=None, process_set=global_process_set):
     """Reduce `tensor` over all ranks (default: Average). tf.IndexedSlices are gathered (values and indices).
     device_dense / device_sparse are accepted for Horovod compatibility and ignored (results stay where TF puts
     them). `compression` casts the tensor for the wire and back."""
     op = resolve_op(op, average)
     if isinstance(tensor, tf.IndexedSlices):
-        return _allreduce_indexed_slices(tensor, _auto_name("allreduce", name, tensor.values), op)
+        return _allreduce_indexed_slices(tensor, _auto_name("allreduce", name, tensor.values, process_set), op,
+                                         process_set)
     tensor = tf.convert_to_tensor(tensor)
-    name = _auto_name("allreduce", name, tensor)
+    name = _auto_name("allreduce", name, tensor, process_set)
     wire, ctx = compression.compress(tensor)
-    (reduced,) = _allreduce_differentiable([wire], [name], op, prescale_factor, postscale_factor)
+    (reduced,) = _allreduce_differentiable([wire], [name], op, prescale_factor, postscale_factor, process_set)
     return compression.decompress(reduced, ctx)
 
 
 @_no_autograph
 def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", compression=Compression.none,
-                      op=None, prescale_factor=1.0, postscale_factor=1.0, name=None):
+                      op=None, prescale_factor=1.0, postscale_factor=1.0, name=None, process_set=global_process_set):
     """Allreduce a list of tensors as one group (one host call; the engine fuses them)."""
     op = resolve_op(op, average)
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         raise ValueError("grouped_allreduce needs at least one tensor")
-    base = _auto_name("grouped_allreduce", name, tensors[0])
+    base = _auto_name("grouped_allreduce", name, tensors[0], process_set)
     compressed = [compression.compress(t) for t in tensors]
     reduced = _allreduce_differentiable([w for w, _ in compressed], [f"{base}.{i}" for i in range(len(tensors))],
-                                        op, prescale_factor, postscale_factor)
+                                        op, prescale_factor, postscale_factor, process_set)
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, compressed)]
 
 
 # ---------------------------------------------------------------- allgather, broadcast, alltoall, reducescatter
 
 
-def _allgather_raw(tensor, name):
+def _allgather_raw(tensor, name, process_set):
     def run(x):
-        return [_core.allgather(_as_numpy(x), name=name)]
+        return [_core.allgather(_as_numpy(x), name=name, process_set=process_set)]
     return host_call(run, [tensor], [(tensor.dtype, _rows_unknown(tensor.shape))], name)[0]
 
 
 @_no_autograph
-def allgather(tensor, name=None):
+def allgather(tensor, name=None, process_set=global_process_set):
     """Concatenate every rank's tensor along dim 0 (dim 0 may differ per rank)."""
     tensor = tf.convert_to_tensor(tensor)
     if tensor.shape.rank == 0:
         raise ValueError("allgather needs a tensor with at least one dimension")
-    name = _auto_name("allgather", name, tensor)
+    name = _auto_name("allgather", name, tensor, process_set)
 
     @tf.custom_gradient
     def gather(x):
-        y = _allgather_raw(x, name)
+        y = _allgather_raw(x, name, process_set)
 
         def grad(dy):
-            averaged = _allreduce_raw([dy], [name + ".grad"], Average, 1.0, 1.0)[0]
-            rows = _allgather_raw(tf.shape(x, out_type=tf.int64)[:1], name + ".grad.rows")
-            offset = tf.reduce_sum(rows[:rank()])
-            return averaged[offset:offset + rows[rank()]]
+            averaged = _allreduce_raw([dy], [name + ".grad"], Average, 1.0, 1.0, process_set)[0]
+            rows = _allgather_raw(tf.shape(x, out_type=tf.int64)[:1], name + ".grad.rows", process_set)
+            me = process_set.rank()
+            offset = tf.reduce_sum(rows[:me])
+            return averaged[offset:offset + rows[me]]
         return y, grad
     return gather(tensor)
 
 
-def _broadcast_raw(tensors, names, root_rank):
+def _broadcast_raw(tensors, names, root_rank, process_set):
     def run(*inputs):
-        handles = [_core.broadcast_async(_as_numpy(x), root_rank, name=n, out=_output_like(x))
+        handles = [_core.broadcast_async(_as_numpy(x), root_rank, name=n, out=_output_like(x),
+                                         process_set=process_set)
                    for x, n in zip(inputs, names)]
         return [h.wait() for h in handles]
     return host_call(run, tensors, [(t.dtype, t.shape) for t in tensors], names[0])
 
 
 @_no_autograph
-def broadcast(tensor, root_rank=0, name=None):
-    """root_rank's tensor on every rank."""
+def broadcast(tensor, root_rank=0, name=None, process_set=global_process_set):
+    """root_rank's tensor on every rank (root_rank is a world rank, also with a process set)."""
     tensor = tf.convert_to_tensor(tensor)
-    name = _auto_name("broadcast", name, tensor)
+    name = _auto_name("broadcast", name, tensor, process_set)
 
     @tf.custom_gradient
     def bcast(x):
-        y = _broadcast_raw([x], [name], root_rank)[0]
+        y = _broadcast_raw([x], [name], root_rank, process_set)[0]
 
         def grad(dy):
-            averaged = _allreduce_raw([dy], [name + ".grad"], Average, 1.0, 1.0)[0]
+            averaged = _allreduce_raw([dy], [name + ".grad"], Average, 1.0, 1.0, process_set)[0]
             return averaged if rank() == root_rank else tf.zeros_like(averaged)
         return y, grad
     return bcast(tensor)
 
 
 @_no_autograph
-def broadcast_(variable, root_rank=0, name=None):
+def broadcast_(variable, root_rank=0, name=None, process_set=global_process_set):
     """Assign root_rank's value to `variable` on every rank; returns the variable."""
     variable.assign(broadcast(tf.convert_to_tensor(variable), root_rank,
-                              name or f"broadcast_.{variable_name(variable)}"))
+                              name or f"broadcast_.{variable_name(variable)}", process_set))
     return variable
 
 
@@ -246,43 +261,44 @@ def variable_name(variable):
 
 
 @_no_autograph
-def broadcast_variables(variables, root_rank=0, prefix="broadcast_variables"):
+def broadcast_variables(variables, root_rank=0, prefix="broadcast_variables", process_set=global_process_set):
     """Assign root_rank's values to every variable (one host call for all of them; the engine fuses them).
     Every rank must pass the same variables in the same order. In a graph, returns the group of assignments."""
     variables = list(variables)
     if not variables:
         return tf.no_op() if not tf.executing_eagerly() else None
     names = [f"{prefix}.{i}.{variable_name(v)}" for i, v in enumerate(variables)]
-    values = _broadcast_raw([tf.convert_to_tensor(v) for v in variables], names, root_rank)
+    values = _broadcast_raw([tf.convert_to_tensor(v) for v in variables], names, root_rank, process_set)
     assignments = [v.assign(value) for v, value in zip(variables, values)]
     return None if tf.executing_eagerly() else tf.group(*assignments)
 
 
-def _alltoall_raw(tensor, splits, name):
+def _alltoall_raw(tensor, splits, name, process_set):
     def run(x, *maybe_splits):
         received, received_splits = _core.alltoall(_as_numpy(x), splits=maybe_splits[0] if maybe_splits else None,
-                                                   name=name)
+                                                   name=name, process_set=process_set)
         return [received, np.asarray(received_splits, np.int32)]
     inputs = [tensor] if splits is None else [tensor, tf.cast(splits, tf.int32)]
-    return host_call(run, inputs, [(tensor.dtype, _rows_unknown(tensor.shape)), (tf.int32, [size()])], name)
+    return host_call(run, inputs, [(tensor.dtype, _rows_unknown(tensor.shape)), (tf.int32, [process_set.size()])],
+                     name)
 
 
 @_no_autograph
-def alltoall(tensor, splits=None, name=None):
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """Send splits[i] rows of `tensor` (dim 0) to rank i; returns (received tensor, received_splits int32)."""
     tensor = tf.convert_to_tensor(tensor)
     if tensor.shape.rank == 0:
         raise ValueError("alltoall needs a tensor with at least one dimension")
-    name = _auto_name("alltoall", name, tensor)
+    name = _auto_name("alltoall", name, tensor, process_set)
 
     @tf.custom_gradient
     def exchange(x):
-        received, received_splits = _alltoall_raw(x, splits, name)
+        received, received_splits = _alltoall_raw(x, splits, name, process_set)
 
         def grad(d_received, _d_splits):
             if d_received is None:
                 d_received = tf.zeros_like(received)
-            return _alltoall_raw(d_received, received_splits, name + ".grad")[0]
+            return _alltoall_raw(d_received, received_splits, name + ".grad", process_set)[0]
         return (received, received_splits), grad
     return exchange(tensor)
 
@@ -292,34 +308,35 @@ def _reducescatter_rows(rows, rank_, size_):
     return rows // size_ + (1 if rank_ < rows % size_ else 0)
 
 
-def _reducescatter_raw(tensor, op, name):
+def _reducescatter_raw(tensor, op, name, process_set):
     def run(x):
-        return [_core.reducescatter(_as_numpy(x), op=op, name=name)]
+        return [_core.reducescatter(_as_numpy(x), op=op, name=name, process_set=process_set)]
     shape = tensor.shape
     if shape.rank and shape[0] is not None:
-        shape = tf.TensorShape([_reducescatter_rows(shape[0], rank(), size())]).concatenate(shape[1:])
+        rows = _reducescatter_rows(shape[0], process_set.rank(), process_set.size())
+        shape = tf.TensorShape([rows]).concatenate(shape[1:])
     else:
         shape = _rows_unknown(shape)
     return host_call(run, [tensor], [(tensor.dtype, shape)], name)[0]
 
 
 @_no_autograph
-def reducescatter(tensor, op=Average, name=None):
+def reducescatter(tensor, op=Average, name=None, process_set=global_process_set):
     """Reduce over ranks and keep this rank's block of dim 0 (first blocks larger when it does not divide)."""
     op = as_op(op)
     tensor = tf.convert_to_tensor(tensor)
     if tensor.shape.rank == 0:
         raise ValueError("reducescatter needs a tensor with at least one dimension")
-    name = _auto_name("reducescatter", name, tensor)
+    name = _auto_name("reducescatter", name, tensor, process_set)
 
     @tf.custom_gradient
     def scatter(x):
-        y = _reducescatter_raw(x, op, name)
+        y = _reducescatter_raw(x, op, name, process_set)
 
         def grad(dy):
             if op not in (Average, Sum):
                 raise NotImplementedError(f"reducescatter with op={op.name} has no gradient (only Average and Sum)")
-            gathered = _allgather_raw(dy, name + ".grad")
-            return gathered / tf.cast(size(), gathered.dtype) if op == Average else gathered
+            gathered = _allgather_raw(dy, name + ".grad", process_set)
+            return gathered / tf.cast(process_set.size(), gathered.dtype) if op == Average else gathered
         return y, grad
     return scatter(tensor)

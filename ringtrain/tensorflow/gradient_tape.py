@@ -12,7 +12,7 @@ import zlib
 import tensorflow as tf
 
 from .compression import Compression
-from .functions import Average, as_op
+from .functions import Average, as_op, global_process_set
 from .gradients import allreduce_gradients
 
 
@@ -38,12 +38,14 @@ _wrapper_classes = {}
 
 
 def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=Compression.none,
-                            sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0, bucket_cap_mb=25):
+                            sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0, bucket_cap_mb=25,
+                            process_set=global_process_set):
     """Wrap a tf.GradientTape so that gradient() averages over ranks (op=Average, or Sum).
 
     compression: Compression.none | fp16 | bf16 on the wire. sparse_as_dense: densify tf.IndexedSlices gradients
     (embeddings) instead of gathering them. gradient_predivide_factor f: divide by f before the sum and by size/f
-    after (keeps fp16 sums in range). device_dense / device_sparse: accepted for Horovod compatibility, ignored.
+    after (keeps fp16 sums in range). process_set: average over that set's ranks only (each set's members wrap
+    their own tape). device_dense / device_sparse: accepted for Horovod compatibility, ignored.
     """
     op = as_op(op)
     if gradient_predivide_factor != 1.0 and op != Average:
@@ -58,5 +60,5 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
     if gradient_predivide_factor != 1.0:
         scales = dict(prescale_factor=1.0 / gradient_predivide_factor, postscale_factor=gradient_predivide_factor)
     wrapped._rt_options = dict(compression=compression, op=op, sparse_as_dense=sparse_as_dense,
-                               bucket_cap_mb=bucket_cap_mb, **scales)
+                               bucket_cap_mb=bucket_cap_mb, process_set=process_set, **scales)
     return wrapped

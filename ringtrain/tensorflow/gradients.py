@@ -20,7 +20,7 @@ import ringtrain as _core
 
 from . import functions
 from .compression import Compression
-from .functions import Average, size
+from .functions import Average, global_process_set, route
 
 _MB = 1 << 20
 
@@ -46,8 +46,10 @@ def _nbytes(tensor):
 
 @tf.autograph.experimental.do_not_convert
 def allreduce_gradients(grads, prefix, compression=Compression.none, op=Average, sparse_as_dense=False,
-                        prescale_factor=1.0, postscale_factor=1.0, bucket_cap_mb=25):
-    """grads: list of tf.Tensor | tf.IndexedSlices | None (same structure on every rank) -> reduced list."""
+                        prescale_factor=1.0, postscale_factor=1.0, bucket_cap_mb=25, process_set=global_process_set):
+    """grads: list of tf.Tensor | tf.IndexedSlices | None (same structure on every rank of `process_set`) -> reduced
+    list."""
+    route(process_set)      # a set this rank is not in: the core's error now, not inside the host call
     out = list(grads)
     dense = []
     for i, grad in enumerate(grads):
@@ -55,7 +57,7 @@ def allreduce_gradients(grads, prefix, compression=Compression.none, op=Average,
             continue
         if isinstance(grad, tf.IndexedSlices):
             if not sparse_as_dense:
-                out[i] = functions.allreduce(grad, op=op, name=f"{prefix}.sparse{i}")
+                out[i] = functions.allreduce(grad, op=op, name=f"{prefix}.sparse{i}", process_set=process_set)
                 continue
             grad = tf.convert_to_tensor(grad)
         dense.append((i, compression.compress(grad)))
@@ -67,7 +69,7 @@ def allreduce_gradients(grads, prefix, compression=Compression.none, op=Average,
     if prescale_factor != 1.0 or postscale_factor != 1.0:
         scales = dict(prescale_factor=prescale_factor, postscale_factor=postscale_factor)
 
-    if size() == 1:
+    if process_set.size() == 1:
         reduced = [w * tf.cast(prescale_factor * postscale_factor, w.dtype) if scales else w for w in wires]
     else:
         def run(*arrays):
@@ -76,7 +78,7 @@ def allreduce_gradients(grads, prefix, compression=Compression.none, op=Average,
                 inputs = [functions._as_numpy(arrays[j]) for j in bucket]
                 pending.append((bucket, _core.grouped_allreduce_async(
                     inputs, op=op, name=f"{prefix}.bucket{b}", outs=[functions._output_like(x) for x in inputs],
-                    **scales)))
+                    process_set=process_set, **scales)))
             results = [None] * len(arrays)
             for bucket, handle in pending:
                 for j, result in zip(bucket, handle.wait()):

@@ -132,6 +132,57 @@ def test_gradient_buckets_match_numpy(mode):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("mode", MODES)
+def test_process_set_collectives_and_gradients(mode):
+    """Every collective on the set of all ranks but 0 (a set of one at 2 ranks, of two at 3) against numpy, with
+    blocks ordered by rank in the set and the allgather gradient taking this rank's rows by its rank in the set;
+    rank 0, outside the set, gets the core's error at once."""
+    from ringtrain.tensorflow.gradients import allreduce_gradients
+    n, r = hvd.size(), hvd.rank()
+    members = list(range(1, n))
+    process_set = hvd.add_process_set(members)
+    try:
+        if not process_set.included():
+            with pytest.raises(ValueError, match="not a member of process set"):
+                hvd.allreduce(tf.constant([1.0]), name="outside", process_set=process_set)
+            return
+        k, me = len(members), members.index(r)
+        x = tf.fill([me + 1, 1], 1.0)
+
+        def body():
+            def tagged(kind):
+                return dict(name=f"set.{kind}.{mode}", process_set=process_set)
+            summed = hvd.allreduce(tf.constant([float(r), 1.0]), op=hvd.Sum, **tagged("sum"))
+            gathered = hvd.allgather(tf.fill([me + 1, 2], float(r)), **tagged("gather"))
+            root = hvd.broadcast(tf.constant([float(r)]), root_rank=members[-1], **tagged("broadcast"))
+            scattered = hvd.reducescatter(tf.fill([2 * k + 1, 1], float(r)), op=hvd.Sum, **tagged("scatter"))
+            received, splits = hvd.alltoall(tf.fill([k, 1], float(r)), **tagged("alltoall"))
+            (mean,) = allreduce_gradients([tf.constant([float(r)])], f"set.grads.{mode}", process_set=process_set)
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y = hvd.allgather(x, **tagged("gather_grad"))
+                loss = tf.reduce_sum(y * tf.reshape(tf.range(tf.shape(y)[0], dtype=y.dtype), [-1, 1]))
+            declared_rows = tf.constant(scattered.shape[0])     # in a graph: the shape declared at trace time
+            return summed, gathered, root, scattered, declared_rows, received, splits, mean, tape.gradient(loss, x)
+
+        summed, gathered, root, scattered, declared_rows, received, splits, mean, dx = run(mode, body)
+        np.testing.assert_array_equal(summed.numpy(), [sum(members), k])
+        np.testing.assert_array_equal(gathered.numpy(),
+                                      np.concatenate([np.full((i + 1, 2), float(m)) for i, m in enumerate(members)]))
+        assert root.numpy().tolist() == [float(members[-1])]
+        rows = (2 * k + 1) // k + (1 if me < (2 * k + 1) % k else 0)
+        np.testing.assert_array_equal(scattered.numpy(), np.full((rows, 1), float(sum(members))))
+        assert int(declared_rows) == rows
+        np.testing.assert_array_equal(received.numpy().ravel(), members)      # one row from every member
+        assert splits.numpy().tolist() == [1] * k
+        np.testing.assert_allclose(mean.numpy(), [np.mean(members)])
+        offset = me * (me + 1) // 2                                          # rows of the members before me
+        np.testing.assert_array_equal(dx.numpy().ravel(), np.arange(offset, offset + me + 1))
+    finally:
+        hvd.remove_process_set(process_set)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode", MODES)
 def test_scalar_and_empty_tensors_keep_their_shape(mode):
     n, r = hvd.size(), hvd.rank()
     scalar = run(mode, lambda t: hvd.allreduce(t, op=hvd.Sum, name=f"scalar.{mode}"), tf.constant(float(r)))
