@@ -283,7 +283,9 @@ class RingtrainShared(RingtrainAPI):
         def check():
             view[...] = x
             run()
-            return view.copy()
+            result = view.copy()
+            view[...] = 0           # timed calls reduce zeros: in place, anything else grows to inf (see below)
+            return result
         return run, check
 
 
@@ -315,14 +317,14 @@ class RawTransport:
         buf = self.instance.staging_buffer(nbytes).view(x.dtype)
 
         def run():
-            # in place on garbage after the first call: values grow to inf, which costs the same time
-            with np.errstate(over="ignore", invalid="ignore"):
-                self.instance.allreduce(buf, ReduceOp.SUM)
+            self.instance.allreduce(buf, ReduceOp.SUM)
 
         def check():
             np.copyto(buf, x)
-            self.instance.allreduce(buf, ReduceOp.SUM)
-            return buf.copy()
+            run()
+            result = buf.copy()
+            buf[...] = 0            # timed calls reduce zeros (see torch_in_place_runner)
+            return result
         return run, check
 
     def stop(self):
@@ -345,18 +347,8 @@ class TorchGloo:
         init_torch_distributed(self.comm, "gloo")
 
     def runner(self, x, dtype_name, nbytes):
-        torch, dist = self.torch, self.dist
-        source = numpy_to_torch(x)
-        tensor = source.clone()
-
-        def run():
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)   # in place; later calls sum garbage, same cost
-
-        def check():
-            tensor.copy_(source)
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-            return torch_to_numpy(tensor)
-        return run, check
+        dist = self.dist
+        return torch_in_place_runner(x, lambda tensor: dist.all_reduce(tensor, op=dist.ReduceOp.SUM))
 
     def stop(self):
         self.dist.destroy_process_group()
@@ -452,7 +444,9 @@ def _require_gpu():
 
 
 def torch_in_place_runner(x, allreduce_in_place):
-    """(run, check) for an in-place allreduce of a torch copy of x. Later runs sum garbage, which costs the same."""
+    """(run, check) for an in-place allreduce of a torch copy of x. The timed calls reduce zeros: summing a result
+    into itself again and again overflows to inf, and numpy's overflow warning on every call would then be timed
+    too (ringtrain's reductions are numpy ufuncs; Horovod's are C++ and would not pay it)."""
     source = numpy_to_torch(x)
     tensor = source.clone()
 
@@ -462,7 +456,9 @@ def torch_in_place_runner(x, allreduce_in_place):
     def check():
         tensor.copy_(source)
         run()
-        return torch_to_numpy(tensor)
+        result = torch_to_numpy(tensor).copy()
+        tensor.zero_()
+        return result
     return run, check
 
 
