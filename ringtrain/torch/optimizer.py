@@ -34,6 +34,7 @@ Semantics worth knowing:
 import collections
 import contextlib
 import itertools
+import operator
 import os
 import warnings
 
@@ -52,6 +53,7 @@ _MB = 1 << 20
 # on CPU a gradient this large travels alone: reduced in place, it skips the copy into a flat bucket and back, which
 # on a CPU's memory bandwidth costs more than the extra request (~50 us)
 _ALONE_BYTES = 1 << 20
+_GRAD = operator.attrgetter("grad")
 # names stay distinct when one process wraps several optimizers; counted per process set, so an optimizer that only
 # a set's members create does not shift the names of the world's next optimizer on those ranks alone
 _instance_counters = collections.defaultdict(itertools.count)
@@ -69,7 +71,8 @@ class _Bucket:
         self.views = None         # views of buffer shaped like params: their .grad from then on
 
     def grads_are_views(self):
-        return self.views is not None and all(p.grad is v for p, v in zip(self.params, self.views))
+        # map/operator.is_ keep this per-step check in C: no Python frame per parameter
+        return self.views is not None and all(map(operator.is_, map(_GRAD, self.params), self.views))
 
 
 def _split_in_groups(params, num_groups):
@@ -318,6 +321,8 @@ class _DistributedOptimizerMixin:
         for bucket in self._rt_buckets:
             if len(bucket.arrivals) <= passes:
                 continue
+            if passes == 1 and len(set(map(id, bucket.arrivals))) == len(bucket.arrivals):
+                continue   # the common case, checked in C
             counts = collections.Counter(map(id, bucket.arrivals))
             key, count = counts.most_common(1)[0]
             if count > passes:
@@ -554,23 +559,25 @@ class _DistributedOptimizerMixin:
         # Gradients that are views of a bucket's buffer stay views, zeroed (as DDP's gradient_as_bucket_view): set to
         # None, the next backward would allocate fresh ones and step() would copy them back in. From step() on it
         # makes no difference: every trainable parameter then has a gradient (zeros if no rank used it).
-        kept = set()
-        for bucket in self._rt_buckets:
-            if bucket.views is not None:
-                bucket.buffer.zero_()
-                kept.update(id(p) for p, view in zip(bucket.params, bucket.views) if p.grad is view)
-        if not kept:
+        if all(bucket.views is None for bucket in self._rt_buckets):
             return super().zero_grad(set_to_none)
+        others = [p for group in self.param_groups for p in group["params"] if not p.requires_grad]
+        for bucket in self._rt_buckets:
+            if bucket.views is None:
+                others += bucket.params
+                continue
+            bucket.buffer.zero_()
+            if not bucket.grads_are_views():
+                others += [p for p, view in zip(bucket.params, bucket.views) if p.grad is not view]
         with torch.no_grad():
-            for group in self.param_groups:
-                for p in group["params"]:
-                    if p.grad is None or id(p) in kept:
-                        continue
-                    if set_to_none:
-                        p.grad = None
-                    else:
-                        p.grad.detach_()
-                        p.grad.zero_()
+            for p in others:     # torch's own zero_grad for gradients that are not bucket views
+                if p.grad is None:
+                    continue
+                if set_to_none:
+                    p.grad = None
+                else:
+                    p.grad.detach_()
+                    p.grad.zero_()
         return None
 
 
