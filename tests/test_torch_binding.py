@@ -184,6 +184,23 @@ def test_gradients_become_views_of_one_bucket_buffer(rt, overlap):
         torch.testing.assert_close(p.grad, w, rtol=0, atol=0)
 
 
+def test_zero_grad_clears_parameters_outside_the_buckets(rt):
+    # frozen when the optimizer was built (never communicated), trained later: torch's zero_grad still clears it
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 2)).double()
+    model[0].requires_grad_(False)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), overlap=False)
+    x = torch.ones(2, 5, dtype=torch.float64)
+    for _ in range(2):
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()                           # the buckets' gradients are views from here on
+    model[0].requires_grad_(True)
+    model(x).sum().backward()
+    assert model[0].weight.grad is not None
+    opt.zero_grad()
+    assert model[0].weight.grad is None and model[1].weight.grad is not None
+
+
 def test_bucket_layout_after_backward_packs_small_tensors_and_sends_large_ones_alone():
     kb = lambda n, dtype=torch.float32: torch.zeros(n * 256, dtype=dtype)
     small, big, small64 = kb(4), kb(1024), kb(4, torch.float64)

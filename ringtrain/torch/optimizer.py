@@ -561,7 +561,8 @@ class _DistributedOptimizerMixin:
         # makes no difference: every trainable parameter then has a gradient (zeros if no rank used it).
         if all(bucket.views is None for bucket in self._rt_buckets):
             return super().zero_grad(set_to_none)
-        others = [p for group in self.param_groups for p in group["params"] if not p.requires_grad]
+        # not in any bucket: frozen at construction (a parameter unfrozen later still has torch's semantics)
+        others = [p for group in self.param_groups for p in group["params"] if id(p) not in self._rt_bucket_of]
         for bucket in self._rt_buckets:
             if bucket.views is None:
                 others += bucket.params
