@@ -5,11 +5,12 @@ bucket_bytes, one dtype) to the core as one grouped allreduce -- one engine requ
 buckets -- and waits for all of them. The gradients reach the callback as zero-copy views of TensorFlow's buffers;
 the core packs them straight into its transport's buffer (on one node the shared window itself, so packing is the
 copy-in) and unpacks the result into 64-byte-aligned arrays that TensorFlow takes back without a copy. Measured
-(2 ranks, 7.4 MB of float32 gradients in 6 tensors, CPU time per step): grouped 2.5-2.8 ms; packing into one flat
-array here first and allreducing that 2.8-3.3 ms (the extra copy is ~0.7-0.9 ms); one allreduce per tensor
-2.6-3.4 ms (more synchronisations). Starting each gradient's allreduce as soon as backward produces it (a host call
-per gradient, then one that waits) cost MORE CPU per fit step (24-26 ms against 20-22 ms; plain Keras 15.6 ms): on
-two cores there is no idle core for the overlap to use, and the extra host calls and engine hand-offs are paid.
+(benchmarks/results/tf_gradient_paths.txt; 2 ranks, 7.4 MB of float32 gradients in 6 tensors, CPU time per call):
+grouped 2.5-2.8 ms; packing into one flat array here first and allreducing that 2.8-3.3 ms (the extra copy is
+~0.7-0.9 ms); one allreduce per tensor 2.6-3.4 ms (more synchronisations). Starting each gradient's allreduce as
+soon as backward produces it (a host call per gradient, then one that waits) cost MORE CPU per fit step (24-26 ms
+against 20-22 ms; plain Keras 15.6 ms): on two cores there is no idle core for the overlap to use, and the extra
+host calls and engine hand-offs are paid.
 On one rank there is nothing to exchange: no host call at all (scales still apply).
 Sparse gradients (tf.IndexedSlices) are gathered, or densified with sparse_as_dense.
 None gradients stay None (as Horovod): a variable must be unconnected on every rank or on none.
