@@ -20,6 +20,10 @@ allreduce of a buffer:
   1. intra.reducescatter(buf, counts of each local rank's blocks)   -- shm: read peers' memory, no copies
   2. for each owned block b: cross[b].allreduce(block b)            -- mpi ring, the only inter-node traffic
   3. intra.allgather(buf, same counts)
+allreduce_out(src, dst) -- the engine's one-array path -- takes no staging copy: step 1 reads src and writes the
+reduced blocks into dst (shm copies in only the blocks its peers read), step 2 runs in place on dst (a scale is
+applied between the cross ring's reduce-scatter and allgather, to 1/n of the block), step 3 copies this rank's
+block into its region once and fills dst's other blocks from the peers' regions.
 
 reducescatter, allgather, broadcast and alltoall go to a flat `inter` transport over the whole world. For them
 the hierarchy does not reduce what crosses the network (a flat ring's node-boundary link already carries each
@@ -49,6 +53,22 @@ def reducescatter_into(transport, src, dst, counts, op):
     if dst is not src:
         dst[...] = src
     transport.reducescatter(dst, counts, op)
+
+
+def cross_allreduce(transport, block, op, scale):
+    """block <- scale * block reduced over transport's ranks. The scale is applied between the reduce-scatter and
+    the allgather, to the 1/n of the block this rank finished: one pass over 1/(n*g) of the data, not 1/g."""
+    if scale == 1.0 or transport.size == 1:
+        transport.allreduce(block, op)
+        if scale != 1.0:
+            scale_into(block, block, scale)
+        return
+    counts = even_counts(block.size, transport.size)
+    transport.reducescatter(block, counts, op)
+    start = offsets(counts)[transport.rank]
+    finished = block[start: start + counts[transport.rank]]
+    scale_into(finished, finished, scale)
+    transport.allgather(block, counts)
 
 
 class HierarchicalTransport(Transport):
@@ -103,11 +123,7 @@ class HierarchicalTransport(Transport):
         intra_counts = [sum(blocks[first:end]) for first, end in self._owned]
         reducescatter_into(self.intra, src, dst, intra_counts, op)
         for block, transport in self.cross:
-            transport.allreduce(dst[starts[block]: starts[block] + blocks[block]], op)
-        if scale != 1.0:
-            mine = offsets(intra_counts)[self.intra.rank]
-            owned = dst[mine: mine + intra_counts[self.intra.rank]]
-            scale_into(owned, owned, scale)
+            cross_allreduce(transport, dst[starts[block]: starts[block] + blocks[block]], op, scale)
         self.intra.allgather(dst, intra_counts)
 
     def reducescatter(self, buf, counts, op):
