@@ -231,3 +231,19 @@ def test_pretend_node_fit_recovers_known_costs_and_projects_other_rank_counts():
     # 1+1: the hierarchy is the flat ring
     assert scaling_model.split_seconds("hierarchical", 2, s, truth) == pytest.approx(
         scaling_model.split_seconds("flat", 2, s, truth))
+
+
+def test_hierarchical_phases_quick(tmp_path):
+    """4 ranks as 2+2: both transports give MPI_Allreduce's result, and the three steps are each timed."""
+    if mpiexec() is None:
+        pytest.skip("mpiexec not found")
+    out_json = str(tmp_path / "phases.json")
+    stdout = run_script([mpiexec(), "-n", "4", sys.executable, os.path.join(BENCH_DIR, "hierarchical_phases.py"),
+                         "--mb", "0.25", "--repeats", "1", "--json", out_json], timeout=120)
+    with open(out_json) as f:
+        result = json.load(f)
+    assert result["wrong"] == 0 and result["layout"] == "2+2", stdout
+    steps = [name.strip() for name in result["rows"] if name.startswith("  hierarchical:")]
+    assert steps == ["hierarchical: intra reduce-scatter", "hierarchical: cross-node rings",
+                     "hierarchical: intra allgather"], stdout
+    assert "flat mpi ring allreduce_out" in result["rows"] and "MPI_Sendrecv 0.0625 MB with the other node" in stdout
