@@ -34,17 +34,22 @@ class Stopwatch:
     """Wall and CPU seconds per named step, summed over the steps of one call."""
 
     def __init__(self):
-        self.calls, self.current = [], {}
+        self.calls, self.current, self.running = [], {}, set()
 
     def wrap(self, obj, method, step):
         inner = getattr(obj, method)
 
         def timed(*args, **kwargs):
+            if step in self.running:          # Transport.allreduce calls reducescatter and allgather: count once
+                return inner(*args, **kwargs)
+            self.running.add(step)
             wall, cpu = time.perf_counter(), time.process_time()
-            result = inner(*args, **kwargs)
-            w, c = self.current.get(step, (0.0, 0.0))
-            self.current[step] = (w + time.perf_counter() - wall, c + time.process_time() - cpu)
-            return result
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                w, c = self.current.get(step, (0.0, 0.0))
+                self.current[step] = (w + time.perf_counter() - wall, c + time.process_time() - cpu)
+                self.running.discard(step)
         setattr(obj, method, timed)
 
     def next_call(self):
