@@ -57,6 +57,7 @@ class Mutant:
 
 FUSED = "tests/parallel/test_fused_allreduce.py"
 OPTIMIZER_REFERENCE = "tests/parallel/test_optimizer_reference.py"
+HIERARCHICAL = "tests/parallel/test_hierarchical.py"
 
 MUTANTS = [
     Mutant("shm_reduce_skips_a_peer", "ringtrain/transports/shm.py",
@@ -74,6 +75,26 @@ MUTANTS = [
            "steps = [c // k for c in counts]",
            (Tests((FUSED,), ranks=2, select="shm and grouped and large"),),
            "an input larger than the shared region loses the last elements of every block"),
+    Mutant("shm_reducescatter_out_reduces_into_src", "ringtrain/transports/shm.py",
+           "self._collective(src, counts, op, reduce=True, gather=False, kind=2, out=dst)",
+           "self._collective(src, counts, op, reduce=True, gather=False, kind=2, out=src)",
+           (Tests((HIERARCHICAL,), ranks=4, select="reducescatter_out or allreduce_out"),),
+           "the hierarchy's first step overwrites the caller's input and leaves the output unreduced"),
+    Mutant("shm_reducescatter_out_lone_rank_copies_nothing", "ringtrain/transports/shm.py",
+           "elif self.size == 1 or self._offset_in_region(src)",
+           "elif self._offset_in_region(src)",
+           (Tests((HIERARCHICAL,), ranks=3, select="allreduce_out"),),
+           "a rank alone on its node (2+1) starts its cross-node rings from garbage instead of its input"),
+    Mutant("hierarchical_out_skips_the_cross_rings", "ringtrain/transports/hierarchical.py",
+           "cross_allreduce(transport, dst[starts[block]: starts[block] + blocks[block]], op, scale)",
+           "pass",
+           (Tests((HIERARCHICAL,), ranks=4, select="allreduce_out"),),
+           "each pretend node ends with its own sum, not the world's"),
+    Mutant("hierarchical_cross_scales_a_peers_part", "ringtrain/transports/hierarchical.py",
+           "start = offsets(counts)[transport.rank]",
+           "start = offsets(counts)[(transport.rank + 1) % transport.size]",
+           (Tests((HIERARCHICAL,), ranks=4, select="allreduce_out"),),
+           "an averaged hierarchical allreduce scales the half another node finishes, before it is reduced"),
     Mutant("ring_segments_off_by_one", "ringtrain/transports/ring.py",
            "return [(lo, min(lo + seg, count)) for lo in range(0, count, seg)]",
            "return [(lo, min(lo + seg - 1, count)) for lo in range(0, count, seg)]",
