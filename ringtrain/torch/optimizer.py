@@ -7,7 +7,8 @@ The wrapper only hooks and waits (as Horovod's); all communication goes through 
 nothing here imports MPI, NCCL or cupy. Gradients travel in buckets, each bucket of one dtype as ONE flat tensor,
 as torch DDP's with gradient_as_bucket_view: after the first step each .grad is a view of its bucket's persistent
 buffer, so backward accumulates into the buffer and nothing is packed or unpacked. On CPU a gradient of 1 MB or more
-travels alone, reduced in place. Two schedules (`overlap=`):
+travels alone, and every CPU buffer comes from ringtrain.torch.empty_shared: with the shm transport it lives in the
+shared window, which is reduced in place with no copy-in or copy-out. Two schedules (`overlap=`):
 - overlap: each bucket is submitted asynchronously from a hook as soon as its last gradient is final, so the
   communication of late layers overlaps the backward pass of early ones (the engine's thread runs it). After the
   first step only each bucket's last-ready parameter runs Python; the others' hooks are `list.append`.
@@ -45,13 +46,13 @@ from ringtrain.errors import RingtrainError, TensorMismatchError
 from ringtrain.model_check import describe_model_mismatch
 from ringtrain.process_sets import global_process_set
 
-from . import consistency, functions
+from . import consistency, functions, shared
 from .compression import Compression
 from .functions import Average, Sum, as_op
 
 _MB = 1 << 20
-# on CPU a gradient this large travels alone: reduced in place, it skips the copy into a flat bucket and back, which
-# on a CPU's memory bandwidth costs more than the extra request (~50 us)
+# on CPU a gradient this large travels alone: its own bucket, so it is reduced as soon as it is final and never waits
+# for smaller neighbours (the extra request costs ~50 us)
 _ALONE_BYTES = 1 << 20
 _GRAD = operator.attrgetter("grad")
 # names stay distinct when one process wraps several optimizers; counted per process set, so an optimizer that only
@@ -64,8 +65,10 @@ class _Bucket:
 
     def __init__(self, index, name, params):
         self.index, self.name, self.params = index, name, params
-        # travels as one flat tensor: several parameters of one dtype on one device
-        self.flat = len(params) > 1 and len({(p.dtype, p.device) for p in params}) == 1
+        # travels as one flat tensor: several parameters of one dtype on one device, or one on the CPU (its buffer
+        # then lives in the shm window, which the transport reduces without copying it in or out)
+        self.flat = (len({(p.dtype, p.device) for p in params}) == 1
+                     and (len(params) > 1 or params[0].device.type == "cpu"))
         self.arrivals = []        # parameters whose gradient was accumulated this step (the hooks append)
         self.buffer = None        # persistent flat tensor the bucket travels in (made at its first flat submit)
         self.views = None         # views of buffer shaped like params: their .grad from then on
@@ -341,7 +344,7 @@ class _DistributedOptimizerMixin:
         else:
             grads, sparse = self._rt_dense_grads(bucket)
             flat = None
-            if bucket.flat and len(grads) > 1:
+            if bucket.flat and grads and (len(grads) > 1 or not sparse):
                 # one copy into the persistent buffer, and .grad becomes views of it (DDP's gradient_as_bucket_view)
                 # so later steps accumulate there; a bucket with sparse gradients this step: a one-off flat tensor
                 flat = self._rt_into_buffer(bucket, grads) if not sparse else _flatten_dense_tensors(grads)
@@ -389,7 +392,10 @@ class _DistributedOptimizerMixin:
     def _rt_into_buffer(bucket, grads):
         """Copy the bucket's gradients into its persistent flat buffer and make each .grad a view of it."""
         if bucket.buffer is None:
-            bucket.buffer = torch.empty(sum(g.numel() for g in grads), dtype=grads[0].dtype, device=grads[0].device)
+            numel, like = sum(g.numel() for g in grads), grads[0]
+            # on the CPU in the shm window when there is one: reduced where it lies, no copy-in or copy-out
+            bucket.buffer = (shared.empty_shared(numel, dtype=like.dtype) if like.device.type == "cpu"
+                             else torch.empty(numel, dtype=like.dtype, device=like.device))
             bucket.views = list(_unflatten_dense_tensors(bucket.buffer, grads))
         with torch.no_grad():
             torch._foreach_copy_(bucket.views, grads)
