@@ -162,7 +162,7 @@ MUTANTS = [
     Mutant("message_cycle_reads_its_own_bitmap", "ringtrain/agreement.py",
            "ready &= exchange.bitmap(p, self._words)",
            "ready &= exchange.bitmap(self.rank, self._words)",
-           (Tests(("tests/parallel/test_engine_steady_state.py",), ranks=4, select="bitmap_word",
+           (Tests(("tests/parallel/test_engine_steady_state.py",), ranks=4,
                   env=(("RINGTRAIN_SIMULATE_NODES", "2"),)),),
            "across (pretend) nodes a rank runs what IT has ready, not what every rank has ready"),
     Mutant("shared_array_read_at_offset_zero", "ringtrain/transports/shm.py",
