@@ -244,14 +244,9 @@ class CycleAgreement(CoordinatorAgreement):
                 return False
         meta, out = req.meta, req.outs[0].reshape(-1)
         data = [exchange.eager_data(p, nbytes, out.dtype) for p in range(self.size)]
-        ufunc = ops.UFUNCS[meta.op]
-        ufunc(data[0], data[1], out=out)
-        for p in range(2, self.size):
-            ufunc(out, data[p], out=out)
         postscale = meta.scales[1]
         scale = postscale / self.size if meta.op == ops.ReduceOp.AVERAGE else postscale
-        if scale != 1.0:
-            ops.scale_into(out, out, scale)
+        ops.reduce_in_rank_order(out, data, meta.op, scale)
         return True
 
     def _fast_actions(self, ready):

@@ -112,6 +112,17 @@ def reduce_into(dst, src, op):
     UFUNCS[op](dst, src, out=dst)
 
 
+def reduce_in_rank_order(out, arrays, op, scale=1.0):
+    """out <- scale * (arrays[0] op arrays[1] op ...), combined left to right: ranks that reduce the same copies in
+    the same order compute bitwise the same result, with no message to agree on it."""
+    ufunc = UFUNCS[op]
+    ufunc(arrays[0], arrays[1], out=out)
+    for array in arrays[2:]:
+        ufunc(out, array, out=out)
+    if scale != 1.0:
+        scale_into(out, out, scale)
+
+
 def scale_into(dst, src, factor):
     """dst <- src * factor; integers use floor division by the inverse when factor is 1/N."""
     if factor == 1.0:

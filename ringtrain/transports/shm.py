@@ -316,14 +316,9 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
                                   for p, (k, b, i, _) in enumerate(signatures.tolist()))
             raise TransportError(f"rank {self.rank}: ranks disagree on the shm collective they are running: "
                                  f"{described}")
-        ufunc = ops.UFUNCS[op]
         data = [slot[_LINE:_LINE + nbytes].view(dtype) for slot in slots]
         # every rank reduces in rank order, so every rank computes bitwise the same result
-        ufunc(data[0], data[1], out=out)
-        for p in range(2, self.size):
-            ufunc(out, data[p], out=out)
-        if scale != 1.0:
-            ops.scale_into(out, out, scale)
+        ops.reduce_in_rank_order(out, data, op, scale)
 
     def close(self):
         """Collective: frees the window (every staging buffer handed out becomes invalid) and communicators."""
