@@ -235,7 +235,7 @@ def shutdown_all():
 
 
 def _world_ranks_of(comm, world):
-    """World ranks of a communicator's members (None on a rank that holds MPI.COMM_NULL)."""
+    """World ranks of a communicator's (or window's) members (None on a rank that holds MPI.COMM_NULL)."""
     from mpi4py import MPI
     if comm == MPI.COMM_NULL:
         return None

@@ -1,5 +1,7 @@
 """ringtrain.empty_shared for torch: a CPU tensor the shm transport allreduces in place without copies (see
 ringtrain/shared_arrays.py). Use it for a buffer you reduce every step, e.g. a flat gradient bucket."""
+import math
+
 import numpy as np
 import torch
 
@@ -9,6 +11,6 @@ import ringtrain as _core
 def empty_shared(*size, dtype=torch.float32):
     """Like torch.empty(*size, dtype=dtype) on the CPU, in the shared window when the host transport has one."""
     shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size
-    if dtype == torch.bfloat16:          # numpy has no bfloat16: same bytes as int16
-        return torch.from_numpy(_core.empty_shared(shape, np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(_core.empty_shared(shape, torch.empty(0, dtype=dtype).numpy().dtype))
+    # the window's bytes reinterpreted as `dtype` (bfloat16 included, which numpy lacks)
+    raw = _core.empty_shared(math.prod(shape) * dtype.itemsize, np.uint8)
+    return torch.from_numpy(raw).view(dtype).view(shape)

@@ -11,6 +11,7 @@ import pytest
 
 import ringtrain as rt
 from ringtrain import state
+from ringtrain.process_sets import _world_ranks_of
 from ringtrain.topology import pretend_node
 
 MPI = pytest.importorskip("mpi4py.MPI")
@@ -27,12 +28,7 @@ def pretend_layout():
 
 def window_ranks(shm):
     """World ranks of the processes mapped into a shm transport's window."""
-    group, world = shm._win.Get_group(), MPI.COMM_WORLD.Get_group()
-    try:
-        return sorted(MPI.Group.Translate_ranks(group, list(range(group.Get_size())), world))
-    finally:
-        group.Free()
-        world.Free()
+    return _world_ranks_of(shm._win, MPI.COMM_WORLD)
 
 
 def test_topology_queries_follow_the_pretend_nodes():
