@@ -138,10 +138,9 @@ MUTANTS = [
            (Tests((OPTIMIZER_REFERENCE,), ranks=2, select="hundreds_of_small_tensors_match and sgd"),),
            "the gradients are copied into the bucket but never become its views: the reduction never reaches .grad"),
     Mutant("optimizer_alone_tensor_skipped_after_backward", "ringtrain/torch/optimizer.py",
-           "if sync and len(wires) == 1:   # one tensor: reduced in place, driven by this thread\n"
-           "                functions.allreduce_(wires[0]",
-           "if sync and len(wires) == 1:   # one tensor: reduced in place, driven by this thread\n"
-           "                (lambda *a, **k: None)(wires[0]",
+           "result = start(compressed[0][0], name=bucket.name,",
+           "result = (start if sync is False or len(bucket.params) > 1 else (lambda *a, **k: None))("
+           "compressed[0][0], name=bucket.name,",
            (Tests((OPTIMIZER_REFERENCE,), ranks=2, select="default_caps"),),
            "a large gradient travelling alone is not reduced after backward"),
     Mutant("optimizer_zero_grad_keeps_old_gradients", "ringtrain/torch/optimizer.py",
@@ -150,7 +149,7 @@ MUTANTS = [
            (Tests((OPTIMIZER_REFERENCE,), ranks=2, select="several_small_buckets and sgd"),),
            "gradients that are bucket views are not zeroed: the next step adds to the last one"),
     Mutant("optimizer_trusts_stale_views", "ringtrain/torch/optimizer.py",
-           "return self.views is not None and all(p.grad is v for p, v in zip(self.params, self.views))",
+           "return self.views is not None and all(map(operator.is_, map(_GRAD, self.params), self.views))",
            "return self.views is not None",
            (Tests((OPTIMIZER_REFERENCE,), ranks=2, select="cleared_any_way"),),
            "after model.zero_grad() (or new .grad tensors) the stale bucket buffer is reduced"),
