@@ -93,7 +93,8 @@ class Watchdog:
         try:
             self.wait(everyone_arrived, what, timeout=timeout)
         except TimeoutError:
-            return sorted(waiting)
+            # the poll stops at the first missing peer, so the others still listed may have arrived meanwhile
+            return sorted(p for p in waiting if not arrived(p))
         return None
 
     def wait_requests(self, requests, what=""):

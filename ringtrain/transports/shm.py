@@ -9,7 +9,7 @@ Layout: an `MPI.Win.Allocate_shared` window on the node communicator; every rank
 a data region of `fusion_threshold` bytes. Rank 0's header holds one cache line of flags per rank:
 [sequence number, byte offset of this collective's data in the owner's region, signature of the collective].
 A sequence number only grows; every synchronisation point is "bump mine, wait until every rank's is >= mine"
-(a flag barrier), polled through the Watchdog with its backoff -- no MPI call, no busy spin.
+(flag_barrier.FlagBarrier), polled through the Watchdog with its backoff -- no MPI call, no busy spin.
 
 Allreduce of one chunk (blocks laid out the same on every rank; rank p owns block p):
   1. copy-in of the blocks peers will read (skipped when the buffer already lives in our region)  barrier "ready"
@@ -36,20 +36,19 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import ops
-from ..errors import StallError, TransportError
+from ..errors import TransportError
 from .base import Transport, even_counts, offsets
 from . import mpi_util
+from .flag_barrier import LINE, LINE_INT64, FlagBarrier
 
 log = logging.getLogger("ringtrain")
 
 _PAGE = 4096
-_LINE = 64                     # one cache line of flags per rank, so ranks never write the same line
-_LINE_INT64 = _LINE // 8
 _SEQ, _OFFSET = 0, 1           # int64 slots in a flag line
 _SIGNATURE = slice(2, 6)       # what this rank is running: kind, bytes, itemsize, checksum of the block counts
 _KINDS = {1: "allreduce", 2: "reducescatter", 3: "allgather", 4: "allreduce"}   # 4: the one-barrier path
 SMALL_BYTES = 64 << 10         # allreduces up to this size use the one-barrier path
-_SMALL_SLOT = _LINE + SMALL_BYTES   # a line for the call's signature, then the data
+_SMALL_SLOT = LINE + SMALL_BYTES   # a line for the call's signature, then the data
 
 
 class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
@@ -72,8 +71,8 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
                                  f"node with {node_size} of {self.size} ranks; use transport 'mpi'")
         self._node = node              # same rank order as comm (key=rank), so node rank == comm rank
         # whole cache lines; at least two int64 per rank so a chunk always has room for a piece of every block
-        self.capacity = -(-max(int(config.fusion_threshold), 16 * self.size, _LINE) // _LINE) * _LINE
-        header = -(-(self.size * _LINE) // _PAGE) * _PAGE
+        self.capacity = -(-max(int(config.fusion_threshold), 16 * self.size, LINE) // LINE) * LINE
+        header = -(-(self.size * LINE) // _PAGE) * _PAGE
         # after the staging area: a pool for shared_array() (whole pages; address space until an array touches it)
         pool = -(-max(int(config.shared_pool_bytes), 0) // _PAGE) * _PAGE
         self._region_bytes = -(-self.capacity // _PAGE) * _PAGE + pool
@@ -92,12 +91,10 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
         self._small_slots = [(seg[small: small + _SMALL_SLOT], seg[small + _SMALL_SLOT: small + 2 * _SMALL_SLOT])
                              for seg in segments]
         self._small_calls = 0
-        lines = segments[0][: self.size * _LINE].view(np.int64).reshape(self.size, _LINE_INT64)
-        self._seqs = lines[:, _SEQ]            # strided view of every rank's sequence number
-        self._peers = [p for p in range(self.size) if p != self.rank]
+        lines = segments[0][: self.size * LINE].view(np.int64).reshape(self.size, LINE_INT64)
+        self._flags = FlagBarrier(lines[:, _SEQ], self.rank, self._win, watchdog, config.stall_timeout_s, "shm")
         self._offsets = lines[:, _OFFSET]
         self._lines = lines
-        self._seq = 0
         lines[self.rank, :] = 0                # the window is not zeroed by MPI; each rank clears its own line
         self._win.Sync()
         node.Barrier()
@@ -118,7 +115,7 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
         straight from their regions and leaves the result in ours -- no copy-in, no copy-out. None once the pool
         (config.shared_pool_bytes) is used up. Never freed: numpy views of it cannot be tracked (their base is
         the window's buffer), so once one was handed out close() keeps the window mapped until exit."""
-        size = -(-max(int(nbytes), 1) // _LINE) * _LINE
+        size = -(-max(int(nbytes), 1) // LINE) * LINE
         with self._pool_lock:
             start = self._pool_next
             if self._closed or start + size > self._region_bytes:
@@ -159,24 +156,12 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
 
     def _barrier(self, what, offset=None, signature=None):
         """Publish that this rank reached the next sync point (and, with `offset`, where its data is), then wait
-        for every rank. Win.Sync orders our earlier window writes before the flag, and peers' after it.
-        A rank missing for stall_timeout_s means the ranks disagree on the collectives: StallError, not a hang."""
-        self._seq += 1
-        target = self._seq
+        for every rank (FlagBarrier: its Win.Sync orders the offset and signature before the flag)."""
         if offset is not None:
             self._offsets[self.rank] = offset
         if signature is not None:
             self._lines[self.rank, _SIGNATURE] = signature
-        self._win.Sync()
-        self._seqs[self.rank] = target
-        seqs, timeout = self._seqs, self.config.stall_timeout_s
-        missing = self.watchdog.wait_for_all(self._peers, lambda p: seqs[p] >= target,
-                                             f"shm {what} (rank {self.rank}, sync {target})", timeout)
-        if missing:
-            raise StallError(f"rank {self.rank}: ranks {missing} did not reach shm {what} (sync {target}) "
-                             f"within {timeout:g} s; the ranks are not running the same sequence of "
-                             f"collectives on this transport")
-        self._win.Sync()
+        self._flags.arrive(what)
 
     def _check_signatures(self, mine):
         """Right after the first barrier every rank sees every rank's signature; on any difference they all
@@ -307,7 +292,7 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
         signature = np.array([4, nbytes, buf.itemsize, int(op)], dtype=np.int64)
         mine = self._small_slots[self.rank][parity]
         mine[:32].view(np.int64)[:] = signature
-        mine[_LINE:_LINE + nbytes].view(dtype)[...] = buf
+        mine[LINE:LINE + nbytes].view(dtype)[...] = buf
         self._barrier("ready")
         slots = [self._small_slots[p][parity] for p in range(self.size)]
         signatures = np.stack([slot[:32].view(np.int64) for slot in slots])
@@ -316,7 +301,7 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
                                   for p, (k, b, i, _) in enumerate(signatures.tolist()))
             raise TransportError(f"rank {self.rank}: ranks disagree on the shm collective they are running: "
                                  f"{described}")
-        data = [slot[_LINE:_LINE + nbytes].view(dtype) for slot in slots]
+        data = [slot[LINE:LINE + nbytes].view(dtype) for slot in slots]
         # every rank reduces in rank order, so every rank computes bitwise the same result
         ops.reduce_in_rank_order(out, data, op, scale)
 
@@ -325,7 +310,7 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
         if self._closed:
             return
         self._closed = True
-        self._data = self._seqs = self._offsets = self._small_slots = None
+        self._data = self._flags = self._offsets = self._small_slots = None
         # an array from shared_array() may still be in use: freeing would turn it into a dangling pointer, so
         # then every rank keeps the window (the decision is collective: Win.Free is)
         keep = self._node.allreduce(self._pool_next > self._pool_start, op=MPI.LOR)
