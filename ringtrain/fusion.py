@@ -7,6 +7,7 @@ copy-in). Averaging's 1/N is fused into the copy-out.
 import numpy as np
 
 from .ops import scale_into
+from .result_pool import ResultPool
 
 
 def ops_for(device):
@@ -20,6 +21,7 @@ def ops_for(device):
 
 class HostOps:
     device = "cpu"
+    results = ResultPool()     # new result arrays: large ones are reused once the caller dropped them
 
     @staticmethod
     def pack(srcs, staging):
@@ -51,9 +53,8 @@ class HostOps:
     def scale(buf, factor):
         scale_into(buf, buf, factor)
 
-    @staticmethod
-    def empty(shape, dtype):
-        return np.empty(shape, dtype=dtype)
+    def empty(self, shape, dtype):
+        return self.results.empty(shape, dtype)
 
     @staticmethod
     def zeros(shape, dtype):
