@@ -25,9 +25,20 @@ reduced blocks into dst (shm copies in only the blocks its peers read), step 2 r
 applied between the cross ring's reduce-scatter and allgather, to 1/n of the block), step 3 copies this rank's
 block into its region once and fills dst's other blocks from the peers' regions.
 
-reducescatter, allgather, broadcast and alltoall go to a flat `inter` transport over the whole world. For them
-the hierarchy does not reduce what crosses the network (a flat ring's node-boundary link already carries each
-byte once per direction, which is what a leader-based scheme carries too), so the simpler path is kept.
+broadcast (any layout): the root sends across the nodes only, to the one rank per node that owns the root's first
+block (its communicator already exists: it is that block's cross ring), then each node broadcasts inside.
+allgather and reducescatter, on a grid (every node g ranks, node k = world ranks k*g .. k*g+g-1, the layout of
+pretend nodes and of hostfile/Slurm block placement): rank (node i, local rank j) talks across nodes only with the
+ranks of local rank j -- its "column" -- and the blocks it exchanges there are single blocks (pairwise.py), so each
+node's g ranks share the cross-node traffic and no byte crosses twice.
+  allgather:     1. pairwise across the column: our block to every node, theirs straight into buf
+                 2. per node k: intra.allgather of node k's g blocks (each local rank now holds its block of node k)
+  reducescatter: 1. per node k: intra.reducescatter of node k's g blocks (local rank j: block (k, j) over this node)
+                 2. pairwise across the column: partial sums of block (k, j) go to node k, ours come in and reduce
+Neither cuts the bytes leaving a node (a flat ring's node-boundary link carries each byte once per direction
+too); they cut the cross-node steps from N-1 to n-1 and move the node-local part over shared memory. Other layouts
+(uneven nodes such as 2+1, nodes that are not contiguous rank ranges) take the flat ring: there a column is not one
+rank per node, and a lone rank would have to stand in for several -- not built. alltoall is always flat.
 AVERAGE arrives as SUM (transports/base.py); the engine scales.
 """
 import numpy as np
@@ -35,6 +46,7 @@ from mpi4py import MPI
 
 from ..ops import scale_into
 from .base import Transport, even_counts, offsets
+from .pairwise import allgather_views, reducescatter_views
 from .shm import SharedMemoryTransport
 from . import transport_class
 
@@ -42,6 +54,12 @@ from . import transport_class
 def block_owners(node_size, num_blocks):
     """[(first block, end block)] owned by each local rank of a node with node_size ranks."""
     return [(j * num_blocks // node_size, (j + 1) * num_blocks // node_size) for j in range(node_size)]
+
+
+def is_grid(nodes):
+    """Every node holds g ranks and node k is world ranks k*g .. k*g+g-1."""
+    g = len(nodes[0])
+    return all(node == list(range(k * g, (k + 1) * g)) for k, node in enumerate(nodes))
 
 
 def reducescatter_into(transport, src, dst, counts, op):
@@ -95,6 +113,8 @@ class HierarchicalTransport(Transport):
                 self._transports.append(self.cross[-1][1])
         self.flat = transport_class(inter)(topology.world.Dup(), config, watchdog)
         self._transports.append(self.flat)
+        self._nodes, self._node_index = topology.nodes, topology.node_index
+        self._grid = is_grid(topology.nodes)
 
     def staging_buffer(self, nbytes):
         """The intra transport's buffer (shm: our region of the node window, so packing is the copy-in)."""
@@ -126,14 +146,57 @@ class HierarchicalTransport(Transport):
             cross_allreduce(transport, dst[starts[block]: starts[block] + blocks[block]], op, scale)
         self.intra.allgather(dst, intra_counts)
 
-    def reducescatter(self, buf, counts, op):
-        self.flat.reducescatter(buf, counts, op)
-
-    def allgather(self, buf, counts):
-        self.flat.allgather(buf, counts)
+    def _owner(self, node, block):
+        """The world rank of `node` (a list of world ranks) that owns `block`."""
+        return next(node[j] for j, (first, end) in enumerate(block_owners(len(node), self.num_blocks))
+                    if first <= block < end)
 
     def broadcast(self, buf, root):
-        self.flat.broadcast(buf, root)
+        if self.size == 1:
+            return
+        if not 0 <= root < self.size:
+            raise ValueError(f"rank {self.rank}: broadcast root {root} is not a rank of a world of {self.size}")
+        root_node = next(node for node in self._nodes if root in node)
+        block = block_owners(len(root_node), self.num_blocks)[root_node.index(root)][0]
+        cross = dict(self.cross).get(block)
+        if cross is not None:       # we own the root's block: the root itself, or its node's stand-in on ours
+            owners = sorted(self._owner(node, block) for node in self._nodes)
+            cross.broadcast(buf, owners.index(root))
+        mine = self._nodes[self._node_index]
+        self.intra.broadcast(buf, mine.index(self._owner(mine, block)))
+
+    def _check_counts(self, buf, counts):
+        if len(counts) != self.size or sum(counts) != buf.size:
+            raise ValueError(f"rank {self.rank}: counts {list(counts)} do not split a buffer of {buf.size} "
+                             f"elements into {self.size} blocks")
+
+    def _columns(self, buf, counts):
+        """[views of this rank's column, one per node], [(node k's span of buf, its g counts)], on a grid."""
+        g, j, starts = len(self._nodes[0]), self.intra.rank, offsets(counts)
+        column = [buf[starts[k * g + j]: starts[k * g + j] + counts[k * g + j]] for k in range(len(self._nodes))]
+        spans = [(buf[starts[k * g]: starts[k * g] + sum(counts[k * g: k * g + g])], counts[k * g: k * g + g])
+                 for k in range(len(self._nodes))]
+        return column, spans
+
+    def allgather(self, buf, counts):
+        self._check_counts(buf, counts)
+        if not self._grid:
+            self.flat.allgather(buf, counts)
+            return
+        column, spans = self._columns(buf, counts)
+        allgather_views(self.cross[0][1], column)
+        for span, node_counts in spans:
+            self.intra.allgather(span, node_counts)
+
+    def reducescatter(self, buf, counts, op):
+        self._check_counts(buf, counts)
+        if not self._grid:
+            self.flat.reducescatter(buf, counts, op)
+            return
+        column, spans = self._columns(buf, counts)
+        for span, node_counts in spans:
+            self.intra.reducescatter(span, node_counts, op)
+        reducescatter_views(self.cross[0][1], column, op)
 
     def alltoall(self, send, send_counts, recv, recv_counts):
         self.flat.alltoall(send, send_counts, recv, recv_counts)

@@ -113,27 +113,68 @@ def test_allreduce_in_the_staging_region():
         topology.free()
 
 
-def test_reducescatter_allgather_broadcast_alltoall(layout):
-    _, hierarchical, _ = layout
+def test_reducescatter_allgather_broadcast_hierarchical_equals_flat_equals_numpy(layout):
+    """On 2+2 (a grid) allgather and reducescatter take the hierarchy (pairwise across the column, shm inside each
+    node); on 2+1 and 2+1+1 they take the flat ring. broadcast takes it on every layout, from every root. Uneven
+    counts (some blocks empty) and sizes above the 128-byte segment and the 256-byte shared region."""
+    topology, hierarchical, flat = layout
     comm = MPI.COMM_WORLD
     n, me = comm.size, comm.rank
     wrong = Mismatches()
     for op, dtype_name in op_dtype_pairs():
-        size = 211
-        counts = uneven_counts(size, n)
-        start, count = offsets(counts)[me], counts[me]
-        inputs = rank_inputs(size, dtype_name, op, 13, n)
-        want = reference(inputs, op)
-        buf = inputs[me].copy()
-        hierarchical.reducescatter(buf, counts, op)
-        wrong.check(buf[start: start + count], want[start: start + count], f"reducescatter {op.name} {dtype_name}")
-        hierarchical.allgather(buf, counts)
-        wrong.check(buf, want, f"allgather of reduced blocks {op.name} {dtype_name}")
-    for root in range(n):
-        inputs = rank_inputs(37, "float64", ReduceOp.SUM, 14 + root, n)
-        buf = inputs[me].copy()
-        hierarchical.broadcast(buf, root)
-        wrong.check(buf, inputs[root], f"broadcast from {root}")
+        for size in (0, 7, 211, 1000):
+            counts = uneven_counts(size, n)
+            start, count = offsets(counts)[me], counts[me]
+            inputs = rank_inputs(size, dtype_name, op, 13, n)
+            want = reference(inputs, op)[start: start + count]
+            got_hier, got_flat = inputs[me].copy(), inputs[me].copy()
+            hierarchical.reducescatter(got_hier, counts, op)
+            flat.reducescatter(got_flat, counts, op)
+            what = f"reducescatter {op.name} {dtype_name} n={size}"
+            wrong.check(got_hier[start: start + count], want, f"hierarchical {what}")
+            wrong.check(got_flat[start: start + count], want, f"flat {what}")
+    for dtype_name in DTYPES:
+        for size in (0, 7, 211, 1000):
+            counts = uneven_counts(size, n)
+            starts = offsets(counts)
+            inputs = rank_inputs(size, dtype_name, ReduceOp.SUM, 14, n)
+            want = np.concatenate([inputs[r][s: s + c] for r, (s, c) in enumerate(zip(starts, counts))])
+            got_hier, got_flat = np.zeros(size, DTYPES[dtype_name]), np.zeros(size, DTYPES[dtype_name])
+            for got in (got_hier, got_flat):
+                got[starts[me]: starts[me] + counts[me]] = inputs[me][starts[me]: starts[me] + counts[me]]
+            hierarchical.allgather(got_hier, counts)
+            flat.allgather(got_flat, counts)
+            wrong.check(got_hier, want, f"hierarchical allgather {dtype_name} n={size}")
+            wrong.check(got_flat, want, f"flat allgather {dtype_name} n={size}")
+            for root in range(n):
+                inputs = rank_inputs(size, dtype_name, ReduceOp.SUM, 15 + root, n)
+                got_hier, got_flat = inputs[me].copy(), inputs[me].copy()
+                hierarchical.broadcast(got_hier, root)
+                flat.broadcast(got_flat, root)
+                wrong.check(got_hier, inputs[root], f"hierarchical broadcast {dtype_name} n={size} from {root}")
+                wrong.check(got_flat, inputs[root], f"flat broadcast {dtype_name} n={size} from {root}")
+    wrong.assert_none()
+
+
+def test_allgather_and_reducescatter_take_the_hierarchy_on_a_grid(layout, monkeypatch):
+    """Which path ran: on a grid the flat ring must not be called for allgather/reducescatter (else the test above
+    would pass on the flat ring alone), off a grid it must be."""
+    topology, hierarchical, _ = layout
+    called = []
+    monkeypatch.setattr(hierarchical.flat, "allgather", lambda *a: called.append("allgather"))
+    monkeypatch.setattr(hierarchical.flat, "reducescatter", lambda *a: called.append("reducescatter"))
+    buf = np.zeros(0, np.float32)
+    hierarchical.allgather(buf, [0] * topology.size)
+    hierarchical.reducescatter(buf, [0] * topology.size, ReduceOp.SUM)
+    grid = len({len(node) for node in topology.nodes}) == 1
+    assert called == ([] if grid else ["allgather", "reducescatter"]), f"rank {topology.rank}: {called}"
+
+
+def test_alltoall_stays_flat(layout):
+    _, hierarchical, _ = layout
+    comm = MPI.COMM_WORLD
+    n, me = comm.size, comm.rank
+    wrong = Mismatches()
     count = lambda src, dst: (3 * src + 7 * dst) % 5 * 3
     block = lambda src, dst: np.arange(count(src, dst), dtype=np.int32) + 100 * src + dst
     recv = np.zeros(sum(count(s, me) for s in range(n)), np.int32)
@@ -141,6 +182,17 @@ def test_reducescatter_allgather_broadcast_alltoall(layout):
                           recv, [count(s, me) for s in range(n)])
     wrong.check(recv, np.concatenate([block(s, me) for s in range(n)]).astype(np.float64), "alltoall")
     wrong.assert_none()
+
+
+def test_counts_that_do_not_split_the_buffer_raise(layout):
+    topology, hierarchical, _ = layout
+    buf = np.zeros(10, np.float32)
+    for call in (lambda: hierarchical.allgather(buf, [3] * topology.size),
+                 lambda: hierarchical.reducescatter(buf, [3] * topology.size, ReduceOp.SUM)):
+        with pytest.raises(ValueError, match=r"rank \d+: counts .* do not split a buffer of 10 elements"):
+            call()
+    with pytest.raises(ValueError, match=f"root {topology.size} is not a rank"):
+        hierarchical.broadcast(buf, topology.size)
 
 
 def test_choice_under_the_split_never_gives_shm_a_second_node():
