@@ -247,3 +247,20 @@ def test_hierarchical_phases_quick(tmp_path):
     assert steps == ["hierarchical: intra reduce-scatter", "hierarchical: cross-node rings",
                      "hierarchical: intra allgather"], stdout
     assert "flat mpi ring allreduce_out" in result["rows"] and "MPI_Sendrecv 0.0625 MB with the other node" in stdout
+
+
+def test_pretend_nodes_quick(tmp_path):
+    """4 ranks as 2+2: every collective, flat and hierarchical, equals numpy and has a paired ratio per round."""
+    if mpiexec() is None:
+        pytest.skip("mpiexec not found")
+    out_json = str(tmp_path / "pretend.json")
+    stdout = run_script([mpiexec(), "-n", "4", sys.executable, os.path.join(BENCH_DIR, "pretend_nodes.py"),
+                         "--max-bytes", "16384", "--rounds", "2", "--repeats", "1", "--batch-seconds", "0.001",
+                         "--json", out_json], timeout=120)
+    with open(out_json) as f:
+        records = json.load(f)
+    assert {(r["impl"], r["collective"]) for r in records} == {
+        (f"ringtrain-2nodes-{impl}", op) for impl in ("flat", "hierarchical")
+        for op in ("allreduce", "allgather", "broadcast", "reducescatter")}, stdout
+    assert all(r["wrong"] == 0 and len(r["round_time_us"]) == 2 and RECORD_KEYS <= set(r) for r in records), stdout
+    assert "4 ranks as 2+2 pretend nodes" in stdout and "# total #wrong: 0" in stdout

@@ -1,0 +1,138 @@
+"""Flat ring vs hierarchy on two pretend nodes, for allreduce, allgather, broadcast and reducescatter, in one run.
+
+    mpiexec -n 4 python benchmarks/pretend_nodes.py [--ops allreduce,allgather,broadcast,reducescatter]
+        [--min-bytes 4096] [--max-bytes 16777216] [--rounds 3] [--json out.json]
+
+Every call goes through the public API (rt.allreduce, rt.allgather, rt.broadcast from rank 0, rt.reducescatter;
+float32, Sum) with RINGTRAIN_SIMULATE_NODES=2-style pretend nodes: rt.init(simulate_nodes=2, hierarchical="0")
+gives the flat mpi ring across the split, hierarchical="1" the hierarchy (transports/hierarchical.py).
+Rounds are interleaved -- flat then hierarchical, then hierarchical then flat, ... -- each round one init of each,
+so both see the same load; the ratio reported is the median over rounds of each round's flat/hierarchical time
+(a paired ratio: load that changes between rounds cancels). >1 means the hierarchy is faster.
+Size is the whole buffer, as in nccl-tests: allreduce's input, allgather's output, broadcast's array,
+reducescatter's input. busbw: allreduce algbw*2(N-1)/N, allgather and reducescatter algbw*(N-1)/N, broadcast algbw.
+Every size is checked against numpy (#wrong) before it is timed.
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import common
+from allreduce import PATTERN_LENGTH, count_wrong, rank_pattern, time_collective
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+sys.path.append(os.path.dirname(BENCH_DIR))     # run from a source checkout without pip install
+
+IMPLS = {"flat": "0", "hierarchical": "1"}
+BUS_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
+              "reducescatter": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0}
+
+
+def pattern(rank, count):
+    return np.resize(rank_pattern(rank), count)
+
+
+def op_case(rt, op, count, rank, size):
+    """(run, expected result on this rank) of one collective on `count` float32 elements in all."""
+    name = f"pretend.{op}.{count}"
+    if op == "allreduce":
+        x = pattern(rank, count)
+        return (lambda: rt.allreduce(x, op=rt.Sum, name=name)), sum(pattern(r, count) for r in range(size))
+    if op == "broadcast":
+        x = pattern(rank, count)
+        return (lambda: rt.broadcast(x, root_rank=0, name=name)), pattern(0, count)
+    rows = count // size           # rows per rank: the buffer is size * rows elements
+    if op == "allgather":
+        x = pattern(rank, rows) + PATTERN_LENGTH * rank
+        return (lambda: rt.allgather(x, name=name)), np.concatenate([pattern(r, rows) + PATTERN_LENGTH * r
+                                                                     for r in range(size)])
+    if op == "reducescatter":
+        x = pattern(rank, rows * size)
+        whole = sum(pattern(r, rows * size) for r in range(size))
+        return (lambda: rt.reducescatter(x, op=rt.Sum, name=name)), whole[rank * rows: (rank + 1) * rows]
+    raise ValueError(f"unknown op {op!r}; choose from {sorted(BUS_FACTOR)}")
+
+
+def one_round(impl, ops, sizes, comm, args):
+    """{(op, bytes): (seconds per call, #wrong)} for one init of `impl`."""
+    import ringtrain as rt
+    rt.init(simulate_nodes=2, hierarchical=IMPLS[impl])
+    want = "mpi" if impl == "flat" else "hierarchical(shm+mpi)"
+    if rt.transport_name() != want:
+        raise RuntimeError(f"{impl}: expected transport {want!r}, the engine chose {rt.transport_name()!r}")
+    out = {}
+    try:
+        for op in ops:
+            for nbytes in sizes:
+                count = max(comm.size, nbytes // 4) // comm.size * comm.size    # whole rows per rank
+                run, expected = op_case(rt, op, count, comm.rank, comm.size)
+                wrong = comm.allreduce(count_wrong(run(), expected.astype(np.float32)), op=MPI.SUM)
+                seconds, _ = time_collective(run, comm, args.batch_seconds, args.repeats)
+                out[(op, count * 4)] = (seconds, wrong)
+    finally:
+        rt.shutdown()
+    return out
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ops", default="allreduce,allgather,broadcast,reducescatter")
+    parser.add_argument("--min-bytes", type=int, default=4096)
+    parser.add_argument("--max-bytes", type=int, default=16 << 20)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved init rounds of each implementation")
+    parser.add_argument("--repeats", type=int, default=5, help="timed batches per size and round (median)")
+    parser.add_argument("--batch-seconds", type=float, default=0.02)
+    parser.add_argument("--json", help="write the records here")
+    args = parser.parse_args(argv)
+    comm = MPI.COMM_WORLD
+    if comm.size < 2:
+        raise SystemExit("two pretend nodes need at least two ranks")
+    ops = args.ops.split(",")
+    sizes = common.size_ladder(args.min_bytes, args.max_bytes, 4)
+    rounds = []
+    for r in range(args.rounds):
+        order = list(IMPLS) if r % 2 == 0 else list(IMPLS)[::-1]
+        rounds.append({impl: one_round(impl, ops, sizes, comm, args) for impl in order})
+    if comm.rank:
+        return 0
+    records, rows = [], []
+    n = comm.size
+    for op in ops:
+        for key in sorted(rounds[0]["flat"]):
+            if key[0] != op:
+                continue
+            nbytes = key[1]
+            ratios = [rnd["flat"][key][0] / rnd["hierarchical"][key][0] for rnd in rounds]
+            row = [op, common.human_bytes(nbytes)]
+            for impl in IMPLS:
+                seconds = float(np.median([rnd[impl][key][0] for rnd in rounds]))
+                wrong = sum(rnd[impl][key][1] for rnd in rounds)
+                algbw = nbytes / seconds / 1e9
+                records.append({"impl": f"ringtrain-2nodes-{impl}", "collective": op, "ranks": n, "bytes": nbytes,
+                                "dtype": "float32", "op": "sum", "time_us": seconds * 1e6, "algbw_gbps": algbw,
+                                "busbw_gbps": algbw * BUS_FACTOR[op](n), "wrong": wrong,
+                                "round_time_us": [rnd[impl][key][0] * 1e6 for rnd in rounds]})
+                row += [f"{seconds * 1e6:.1f}", f"{algbw * BUS_FACTOR[op](n):.3f}", wrong]
+            row += [f"{float(np.median(ratios)):.2f}", " ".join(f"{x:.2f}" for x in ratios)]
+            rows.append(row)
+    layout = "+".join(str(n // 2 + (1 if i < n % 2 else 0)) for i in range(2))
+    print(common.format_table(
+        ["collective", "size", "flat_us", "flat_busbw", "#wrong", "hier_us", "hier_busbw", "#wrong",
+         "hier/flat", "per round"], rows,
+        title=f"{n} ranks as {layout} pretend nodes, {os.cpu_count()} cores, float32, commit {common.source_commit()}"
+              f"; medians over {args.rounds} interleaved rounds; hier/flat = median of per-round busbw ratios"))
+    total_wrong = sum(r["wrong"] for r in records)
+    print(f"\n# total #wrong: {total_wrong}")
+    if args.json:
+        stamp = common.machine_info()
+        for r in records:
+            r.update(date=stamp["date"], cores=stamp["cores"], commit=stamp["commit"])
+        common.write_json(args.json, records)
+    return 1 if total_wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
