@@ -3,6 +3,7 @@
 #   allreduce_LABEL_rep{1..RUNS}.{json,txt}  float32, 4 KB..64 MB, public API (numpy and torch), raw transports,
 #                                           MPI_Allreduce, gloo, Horovod (where installed), RUNS separate jobs
 #   allreduce_LABEL_headline.txt            median over those runs of busbw and of each run's ratio to MPI_Allreduce
+#   allreduce_LABEL_4ranks.{json,txt}       one run on 4 ranks (oversubscribed on a 2-core machine)
 #   train_scaling_LABEL.{json,txt,png}      1 and 2 ranks, convnet + mlp, median of ROUNDS interleaved rounds
 #
 #     PYTHONPATH=$PWD benchmarks/issue10_tables.sh LABEL [RUNS] [ROUNDS]
@@ -26,7 +27,7 @@ mkdir -p "$out"
 sizes=(--dtypes float32 --min-bytes 4096 --max-bytes 67108864)
 quick=()
 if [ "${SMOKE:-0}" = 1 ]; then sizes=(--quick); quick=(--quick); fi
-impls=ringtrain-shm,ringtrain-torch-shm,ringtrain-shm-raw,ringtrain-mpi,ringtrain-mpi-raw,MPI_Allreduce,torch-gloo,horovod
+impls=ringtrain-shm,ringtrain-torch-shm,ringtrain-shm-shared,ringtrain-shm-raw,ringtrain-mpi,ringtrain-mpi-raw,MPI_Allreduce,torch-gloo,horovod
 stamp() { echo "# commit $(git rev-parse HEAD), $(date -u '+%Y-%m-%d %H:%M UTC'), python $(python -c 'import platform; print(platform.python_version())'), load $(uptime | sed 's/.*load average: //')"; }
 
 for i in $(seq "$runs"); do
@@ -35,6 +36,10 @@ for i in $(seq "$runs"); do
 done
 { stamp; python benchmarks/common.py headline "$out"/allreduce_"${label}"_rep*.json; } \
     | tee "$out/allreduce_${label}_headline.txt"
+
+{ stamp; mpiexec -n 4 python benchmarks/allreduce.py "${sizes[@]}" \
+    --impls ringtrain-shm,ringtrain-torch-shm,ringtrain-shm-shared,ringtrain-shm-raw,MPI_Allreduce \
+    --json "$out/allreduce_${label}_4ranks.json"; } | tee "$out/allreduce_${label}_4ranks.txt"
 
 { stamp; python benchmarks/train_scaling.py "${quick[@]}" --max-ranks 2 --rounds "$rounds" \
     --json "$out/train_scaling_${label}.json" --png "$out/train_scaling_${label}.png"; } \
