@@ -7,6 +7,9 @@
     model.fit(x, y, callbacks=callbacks, verbose=hvd.verbose())
 
 Every ringtrain callback turns XLA off for the train step before fit traces it (with a warning; see xla.py).
+BroadcastGlobalVariablesCallback and MetricAverageCallback take `process_set=` (default: all ranks), as the
+collectives do: only the set's ranks pass them to fit, and root_rank is a world rank. A rank outside the set gets
+the core's error when it constructs one.
 """
 import numpy as np
 import keras
@@ -22,13 +25,22 @@ class _RingtrainCallback(keras.callbacks.Callback):
         xla.turn_off_xla(self.model)
 
 
-class BroadcastGlobalVariablesCallback(_RingtrainCallback):
-    """At the start of fit, make every rank's model and optimizer variables equal root_rank's. The optimizer is
-    built first if it is not yet, so its state (Adam's moments, iterations) starts equal too."""
+def _checked(process_set):
+    """The set (None = all ranks); a set this rank is not in raises now, naming the set, not at fit's first epoch."""
+    if process_set is None or process_set is functions.global_process_set:
+        return functions.global_process_set
+    functions.route(process_set)
+    return process_set
 
-    def __init__(self, root_rank=0):
+
+class BroadcastGlobalVariablesCallback(_RingtrainCallback):
+    """At the start of fit, make every rank's (of `process_set`'s) model and optimizer variables equal root_rank's.
+    The optimizer is built first if it is not yet, so its state (Adam's moments, iterations) starts equal too."""
+
+    def __init__(self, root_rank=0, process_set=None):
         super().__init__()
         self.root_rank = root_rank
+        self.process_set = _checked(process_set)
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
@@ -38,20 +50,25 @@ class BroadcastGlobalVariablesCallback(_RingtrainCallback):
             if not optimizer.built:
                 optimizer.build(self.model.trainable_variables)
             variables += list(optimizer.variables)
-        functions.broadcast_variables(variables, self.root_rank, prefix="BroadcastGlobalVariablesCallback")
+        functions.broadcast_variables(variables, self.root_rank, prefix="BroadcastGlobalVariablesCallback",
+                                      process_set=self.process_set)
 
 
 class MetricAverageCallback(_RingtrainCallback):
-    """At the end of every epoch, replace each numeric metric in `logs` by its mean over all ranks (before any
-    later callback such as a checkpoint or a logger reads them: list this one first)."""
+    """At the end of every epoch, replace each numeric metric in `logs` by its mean over all ranks of `process_set`
+    (before any later callback such as a checkpoint or a logger reads them: list this one first)."""
+
+    def __init__(self, process_set=None):
+        super().__init__()
+        self.process_set = _checked(process_set)
 
     def on_epoch_end(self, epoch, logs=None):
         if not logs:
             return
         keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0 and isinstance(float(v), float))
         values = np.array([float(logs[k]) for k in keys], np.float64)
-        averaged = _core.allreduce(values, op=functions.Average,
-                                             name=f"MetricAverageCallback.{epoch}.{','.join(keys)}")
+        averaged = _core.allreduce(values, op=functions.Average, name=f"MetricAverageCallback.{epoch}.{','.join(keys)}",
+                                   process_set=self.process_set)
         for key, value in zip(keys, averaged):
             logs[key] = float(value)
 

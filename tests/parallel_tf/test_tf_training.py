@@ -159,6 +159,41 @@ def test_metric_average_callback_gives_the_mean_of_the_ranks():
 
 
 @pytest.mark.mpi(min_size=2)
+def test_callbacks_on_a_process_set_work_within_it():
+    """Two disjoint sets, {0} and {1, ..., n-1}, run both callbacks at once under the same names: each set's weights
+    become its own root's, each set's metrics its own mean. A rank outside a set gets the error at construction."""
+    n, r = hvd.size(), hvd.rank()
+    sets = [hvd.add_process_set([0]), hvd.add_process_set(list(range(1, n)))]
+    try:
+        mine, other = (sets[0], sets[1]) if r == 0 else (sets[1], sets[0])
+        members = [0] if r == 0 else list(range(1, n))
+        root = members[-1]                                   # a world rank, as Horovod's root_rank
+        with pytest.raises(ValueError, match=f"rank {r} is not a member of process set {other.process_set_id}"):
+            hvd.callbacks.MetricAverageCallback(process_set=other)
+        with pytest.raises(ValueError, match="is not a member of process set"):
+            hvd.callbacks.BroadcastGlobalVariablesCallback(root, process_set=other)
+
+        model = make_model(seed=100 * r)                     # different initial weights on every rank
+        model.compile(optimizer=hvd.DistributedOptimizer(adam(), process_set=mine), loss=LOSS, jit_compile=False)
+        before = hvd.allgather_object([w.numpy().tolist() for w in model.weights])
+        broadcast = hvd.callbacks.BroadcastGlobalVariablesCallback(root, process_set=mine)
+        broadcast.set_model(model)
+        broadcast.on_train_begin()
+        for got, expected in zip(model.weights, before[root]):
+            np.testing.assert_array_equal(got.numpy(), expected)
+
+        average = hvd.callbacks.MetricAverageCallback(process_set=mine)
+        average.set_model(model)
+        logs = {"loss": float(r + 1) ** 2, "accuracy": 0.25 * r}
+        average.on_epoch_end(0, logs)
+        assert logs["loss"] == pytest.approx(np.mean([(m + 1.0) ** 2 for m in members]), rel=1e-12)
+        assert logs["accuracy"] == pytest.approx(np.mean([0.25 * m for m in members]), rel=1e-12, abs=1e-15)
+    finally:
+        for process_set in sets:
+            hvd.remove_process_set(process_set)
+
+
+@pytest.mark.mpi(min_size=2)
 def test_model_differing_across_ranks_names_the_variable_and_ranks():
     n = hvd.size()
     odd = n - 1
