@@ -86,7 +86,8 @@ class _DistributedOptimizerMixin:
         return self._rt_accumulate_or_apply(grads, variables)
 
     def _rt_allreduce(self, grads, variables):
-        return allreduce_gradients(grads, self._rt_prefix, **self._rt_options)
+        # apply() consumes the averaged gradients within this step: they may stay in the shared buffers
+        return allreduce_gradients(grads, self._rt_prefix, results_in_shared_buffers=True, **self._rt_options)
 
     def _rt_accumulate_or_apply(self, grads, variables):
         for accumulator, grad, variable in zip(self._rt_accumulators_for(variables), grads, variables):

@@ -15,11 +15,12 @@ On one rank there is nothing to exchange: no host call at all (scales still appl
 Sparse gradients (tf.IndexedSlices) are gathered, or densified with sparse_as_dense.
 None gradients stay None (as Horovod): a variable must be unconnected on every rank or on none.
 """
+import numpy as np
 import tensorflow as tf
 
 import ringtrain as _core
 
-from . import functions
+from . import functions, shared_buckets
 from .compression import Compression
 from .functions import Average, global_process_set, route
 
@@ -47,9 +48,11 @@ def _nbytes(tensor):
 
 @tf.autograph.experimental.do_not_convert
 def allreduce_gradients(grads, prefix, compression=Compression.none, op=Average, sparse_as_dense=False,
-                        prescale_factor=1.0, postscale_factor=1.0, bucket_cap_mb=25, process_set=global_process_set):
+                        prescale_factor=1.0, postscale_factor=1.0, bucket_cap_mb=25, process_set=global_process_set,
+                        results_in_shared_buffers=False):
     """grads: list of tf.Tensor | tf.IndexedSlices | None (same structure on every rank of `process_set`) -> reduced
-    list."""
+    list. results_in_shared_buffers: dense results are views of persistent buffers that the call after next
+    overwrites -- only for a caller that consumes them at once (see shared_buckets.py)."""
     route(process_set)      # a set this rank is not in: the core's error now, not inside the host call
     out = list(grads)
     dense = []
@@ -73,6 +76,18 @@ def allreduce_gradients(grads, prefix, compression=Compression.none, op=Average,
     if process_set.size() == 1:
         reduced = [w * tf.cast(prescale_factor * postscale_factor, w.dtype) if scales else w for w in wires]
     else:
+        def run_in_shared_buffers(*arrays):
+            if not all(isinstance(functions._as_numpy(a), np.ndarray) for a in arrays):
+                return run(*arrays)                  # eager GPU tensors arrive as cupy arrays: the core's path
+            results = [None] * len(arrays)
+            for b, bucket in enumerate(buckets):     # one at a time: fused buckets would take the copying path
+                views = shared_buckets.allreduce_in_shared_buffer(
+                    [functions._as_numpy(arrays[j]) for j in bucket], f"{prefix}.bucket{b}", op,
+                    prescale_factor, postscale_factor, process_set)
+                for j, view in zip(bucket, views):
+                    results[j] = view
+            return results
+
         def run(*arrays):
             pending = []
             for b, bucket in enumerate(buckets):
@@ -86,7 +101,8 @@ def allreduce_gradients(grads, prefix, compression=Compression.none, op=Average,
                     results[j] = result
             return results
 
-        reduced = functions.host_call(run, wires, [(w.dtype, w.shape) for w in wires], prefix)
+        reduced = functions.host_call(run_in_shared_buffers if results_in_shared_buffers else run, wires,
+                                      [(w.dtype, w.shape) for w in wires], prefix)
     for (i, (_, ctx)), result in zip(dense, reduced):
         out[i] = compression.decompress(result, ctx)
     return out

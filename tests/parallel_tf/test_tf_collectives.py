@@ -106,11 +106,12 @@ def gradient_value(rank, index, shape, dtype):
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("shared", [False, True], ids=["copied", "shared_buffers"])
 @pytest.mark.parametrize("mode", MODES)
-def test_gradient_buckets_match_numpy(mode):
-    """allreduce_gradients, the path of DistributedGradientTape and DistributedOptimizer: several buckets (a
-    256-byte cap) of two dtypes, a 0-d and an empty tensor among them, a None and a sparse gradient, and scales;
-    every result against the numpy mean of the ranks' values."""
+def test_gradient_buckets_match_numpy(mode, shared):
+    """allreduce_gradients, the path of DistributedGradientTape (copied results) and DistributedOptimizer (results
+    in shared buffers): several buckets (a 256-byte cap) of two dtypes, a 0-d and an empty tensor among them, a None
+    and a sparse gradient, and scales; every result against the numpy mean of the ranks' values."""
     from ringtrain.tensorflow.gradients import allreduce_gradients
     n, r = hvd.size(), hvd.rank()
     specs = [((3, 5), np.float32), ((), np.float64), ((0, 4), np.float32), ((17,), np.float32),
@@ -118,8 +119,9 @@ def test_gradient_buckets_match_numpy(mode):
     grads = [tf.constant(gradient_value(r, i, shape, dtype)) for i, (shape, dtype) in enumerate(specs)]
     sparse = tf.IndexedSlices(tf.constant([[float(r)]]), tf.constant([r], tf.int64), tf.constant([n, 1], tf.int64))
     grads = grads[:2] + [None] + grads[2:] + [sparse]
-    reduced = run(mode, lambda: allreduce_gradients(grads, f"buckets.{mode}", bucket_cap_mb=256 / (1 << 20),
-                                                    prescale_factor=0.5, postscale_factor=3.0))
+    reduced = run(mode, lambda: allreduce_gradients(grads, f"buckets.{mode}.{shared}", bucket_cap_mb=256 / (1 << 20),
+                                                    prescale_factor=0.5, postscale_factor=3.0,
+                                                    results_in_shared_buffers=shared))
     assert reduced[2] is None
     dense = reduced[:2] + reduced[3:-1]
     for i, ((shape, dtype), got) in enumerate(zip(specs, dense)):
@@ -128,6 +130,37 @@ def test_gradient_buckets_match_numpy(mode):
         np.testing.assert_allclose(got.numpy(), expected, rtol=1e-6)
     np.testing.assert_allclose(reduced[-1].values.numpy().ravel(), np.arange(n) / n)
     assert reduced[-1].indices.numpy().tolist() == list(range(n))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_results_in_shared_buffers_live_until_the_call_after_next():
+    """DistributedOptimizer's path: results are 64-byte-aligned views of two persistent buffers per bucket, used
+    alternately -- call k's results are still right after call k+1, and call k+2 reuses call k's memory (no
+    allocation per step, no copy into TensorFlow)."""
+    from ringtrain.tensorflow.gradients import allreduce_gradients
+    n, r = hvd.size(), hvd.rank()
+    specs = [((3, 5), np.float32), ((7,), np.float32), ((), np.float32), ((64, 33), np.float32)]
+
+    def call(k):
+        grads = [tf.constant(gradient_value(r + 5 * k, i, shape, dtype)) for i, (shape, dtype) in enumerate(specs)]
+        return allreduce_gradients(grads, "lifetime", results_in_shared_buffers=True)
+
+    def check(k, results):
+        for i, ((shape, _), got) in enumerate(zip(specs, results)):
+            expected = np.mean([gradient_value(q + 5 * k, i, shape, np.float64) for q in range(n)], axis=0)
+            np.testing.assert_allclose(got.numpy(), expected, rtol=1e-6, err_msg=f"call {k}, tensor {i}")
+
+    def addresses(results):
+        return [np.from_dlpack(t).ctypes.data for t in results]
+
+    first = call(0)
+    second = call(1)
+    check(0, first)
+    check(1, second)
+    assert all(a % 64 == 0 for a in addresses(first) + addresses(second))
+    third = call(2)
+    check(2, third)
+    assert addresses(third) == addresses(first) and addresses(second) != addresses(first)
 
 
 @pytest.mark.mpi(min_size=2)
