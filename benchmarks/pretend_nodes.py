@@ -12,6 +12,10 @@ so both see the same load; the ratio reported is the median over rounds of each 
 Size is the whole buffer, as in nccl-tests: allreduce's input, allgather's output, broadcast's array,
 reducescatter's input. busbw: allreduce algbw*2(N-1)/N, allgather and reducescatter algbw*(N-1)/N, broadcast algbw.
 Every size is checked against numpy (#wrong) before it is timed.
+--raw times the transports alone instead (transports/hierarchical.py against the flat mpi ring, both built once on
+the same pretend-node topology, no engine): each round then alternates the two per size, and broadcast also runs
+a two-level scheme (rank 0 -> local rank 0 of every other node over MPI, then inside each node) that the
+hierarchical transport does not use -- the measurement behind that choice (op broadcast-two-level).
 """
 import argparse
 import os
@@ -28,7 +32,8 @@ sys.path.append(os.path.dirname(BENCH_DIR))     # run from a source checkout wit
 
 IMPLS = {"flat": "0", "hierarchical": "1"}
 BUS_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
-              "reducescatter": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0}
+              "reducescatter": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0,
+              "broadcast-two-level": lambda n: 1.0}
 
 
 def pattern(rank, count):
@@ -77,6 +82,71 @@ def one_round(impl, ops, sizes, comm, args):
     return out
 
 
+def raw_cases(op, count, rank, size):
+    """(transport call, view holding the result, expected) on freshly filled buffers: calls work in place."""
+    from ringtrain.ops import ReduceOp
+    from ringtrain.transports.base import even_counts
+    counts = even_counts(count, size)
+    start = sum(counts[:rank])
+    mine = slice(start, start + counts[rank])
+    if op == "allreduce":
+        buf = pattern(rank, count)
+        return lambda t: t.allreduce(buf, ReduceOp.SUM), buf, sum(pattern(r, count) for r in range(size))
+    if op in ("broadcast", "broadcast-two-level"):
+        buf = pattern(rank, count)
+        call = (lambda t: t.broadcast(buf, 0)) if op == "broadcast" else (lambda t: two_level_broadcast(t, buf))
+        return call, buf, pattern(0, count)
+    if op == "allgather":
+        whole = np.concatenate([pattern(r, count)[:counts[r]] + PATTERN_LENGTH * r for r in range(size)])
+        buf = np.zeros(count, np.float32)
+        buf[mine] = whole[mine]
+        return lambda t: t.allgather(buf, counts), buf, whole
+    buf = pattern(rank, count)
+    return (lambda t: t.reducescatter(buf, counts, ReduceOp.SUM), buf[mine],
+            sum(pattern(r, count) for r in range(size))[mine])
+
+
+def two_level_broadcast(transport, buf):
+    """The two-level broadcast from rank 0 that issue 13 proposed, measured here and not used by the transport:
+    rank 0 sends to local rank 0 of every other node over MPI (that pair is the hierarchy's block-0 ring), then
+    every node broadcasts inside. On the flat ring it is the flat broadcast."""
+    if not hasattr(transport, "intra"):
+        transport.broadcast(buf, 0)
+        return
+    column = dict(transport.cross).get(0)        # we own block 0: local rank 0 of our node
+    if column is not None and column.size > 1:
+        column.broadcast(buf, 0)
+    transport.intra.broadcast(buf, 0)
+
+
+def raw_rounds(ops, sizes, comm, args):
+    """[{impl: {(op, bytes): (seconds per call, #wrong)}}] per round, the transports alone, alternating per size."""
+    from ringtrain.config import Config
+    from ringtrain.topology import Topology
+    from ringtrain.transports.hierarchical import HierarchicalTransport
+    from ringtrain.transports.mpi import MPITransport
+    from ringtrain.watchdog import Watchdog
+    topology = Topology(comm, simulate_nodes=2)
+    transports = {"hierarchical": HierarchicalTransport(topology, Config(), Watchdog()),
+                  "flat": MPITransport(comm.Dup(), Config(), Watchdog())}
+    rounds = [{impl: {} for impl in IMPLS} for _ in range(args.rounds)]
+    for r, results in enumerate(rounds):
+        for op in ops:
+            for nbytes in sizes:
+                count = max(comm.size, nbytes // 4) // comm.size * comm.size
+                for impl in (list(IMPLS) if r % 2 == 0 else list(IMPLS)[::-1]):
+                    call, result, expected = raw_cases(op, count, comm.rank, comm.size)
+                    call(transports[impl])
+                    wrong = comm.allreduce(count_wrong(result, expected.astype(np.float32)), op=MPI.SUM)
+                    seconds, _ = time_collective(lambda: call(transports[impl]), comm, args.batch_seconds,
+                                                 args.repeats)
+                    results[impl][(op, count * 4)] = (seconds, wrong)
+    for t in transports.values():
+        t.close()
+    topology.free()
+    return rounds
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ops", default="allreduce,allgather,broadcast,reducescatter")
@@ -85,6 +155,7 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=3, help="interleaved init rounds of each implementation")
     parser.add_argument("--repeats", type=int, default=5, help="timed batches per size and round (median)")
     parser.add_argument("--batch-seconds", type=float, default=0.02)
+    parser.add_argument("--raw", action="store_true", help="the transports alone, no engine (see the docstring)")
     parser.add_argument("--json", help="write the records here")
     args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD
@@ -92,10 +163,13 @@ def main(argv=None):
         raise SystemExit("two pretend nodes need at least two ranks")
     ops = args.ops.split(",")
     sizes = common.size_ladder(args.min_bytes, args.max_bytes, 4)
-    rounds = []
-    for r in range(args.rounds):
-        order = list(IMPLS) if r % 2 == 0 else list(IMPLS)[::-1]
-        rounds.append({impl: one_round(impl, ops, sizes, comm, args) for impl in order})
+    if args.raw:
+        rounds = raw_rounds(ops, sizes, comm, args)
+    else:
+        rounds = []
+        for r in range(args.rounds):
+            order = list(IMPLS) if r % 2 == 0 else list(IMPLS)[::-1]
+            rounds.append({impl: one_round(impl, ops, sizes, comm, args) for impl in order})
     if comm.rank:
         return 0
     records, rows = [], []
@@ -111,7 +185,7 @@ def main(argv=None):
                 seconds = float(np.median([rnd[impl][key][0] for rnd in rounds]))
                 wrong = sum(rnd[impl][key][1] for rnd in rounds)
                 algbw = nbytes / seconds / 1e9
-                records.append({"impl": f"ringtrain-2nodes-{impl}", "collective": op, "ranks": n, "bytes": nbytes,
+                records.append({"impl": f"ringtrain-2nodes-{impl}" + ("-raw" if args.raw else ""), "collective": op, "ranks": n, "bytes": nbytes,
                                 "dtype": "float32", "op": "sum", "time_us": seconds * 1e6, "algbw_gbps": algbw,
                                 "busbw_gbps": algbw * BUS_FACTOR[op](n), "wrong": wrong,
                                 "round_time_us": [rnd[impl][key][0] * 1e6 for rnd in rounds]})
@@ -122,7 +196,7 @@ def main(argv=None):
     print(common.format_table(
         ["collective", "size", "flat_us", "flat_busbw", "#wrong", "hier_us", "hier_busbw", "#wrong",
          "hier/flat", "per round"], rows,
-        title=f"{n} ranks as {layout} pretend nodes, {os.cpu_count()} cores, float32, commit {common.source_commit()}"
+        title=f"{n} ranks as {layout} pretend nodes, {'transports alone' if args.raw else 'through the API'}, {os.cpu_count()} cores, float32, commit {common.source_commit()}"
               f"; medians over {args.rounds} interleaved rounds; hier/flat = median of per-round busbw ratios"))
     total_wrong = sum(r["wrong"] for r in records)
     print(f"\n# total #wrong: {total_wrong}")

@@ -111,11 +111,6 @@ MUTANTS = [
            "start = offsets(counts)[(transport.rank + 1) % transport.size]",
            (Tests((HIERARCHICAL,), ranks=4, select="allreduce_out"),),
            "an averaged hierarchical allreduce scales the half another node finishes, before it is reduced"),
-    Mutant("hierarchical_broadcast_root_is_the_owners_first", "ringtrain/transports/hierarchical.py",
-           "cross.broadcast(buf, owners.index(root))",
-           "cross.broadcast(buf, 0)",
-           (Tests((HIERARCHICAL,), ranks=4, select="reducescatter_allgather_broadcast"),),
-           "a broadcast from a root on the second node sends the first node's data across instead"),
     Mutant("hierarchical_column_of_the_next_local_rank", "ringtrain/transports/hierarchical.py",
            "column = [buf[starts[k * g + j]: starts[k * g + j] + counts[k * g + j]] for k in range(len(self._nodes))]",
            "column = [buf[starts[k * g + (j + 1) % g]: starts[k * g + (j + 1) % g] + counts[k * g + (j + 1) % g]]"

@@ -25,8 +25,12 @@ reduced blocks into dst (shm copies in only the blocks its peers read), step 2 r
 applied between the cross ring's reduce-scatter and allgather, to 1/n of the block), step 3 copies this rank's
 block into its region once and fills dst's other blocks from the peers' regions.
 
-broadcast (any layout): the root sends across the nodes only, to the one rank per node that owns the root's first
-block (its communicator already exists: it is that block's cross ring), then each node broadcasts inside.
+broadcast stays MPI's own (Ibcast over the world). A two-level broadcast (root -> one rank per node over MPI, then
+inside each node) was built and measured on pretend nodes: 0.5-0.9x of MPI's Ibcast at 4 KB-16 MB, through the API
+and on the transports alone (benchmarks/pretend_nodes.py, op broadcast-two-level). Two full-size steps in a row
+cost more than one, and nothing is saved: MPI's binomial tree, or its scatter + allgather for large messages, over
+nodes that are contiguous rank ranges already sends each byte across each node boundary about once, and MPICH's
+ch4 device has node-aware Ibcast compositions of its own.
 allgather and reducescatter, on a grid (every node g ranks, node k = world ranks k*g .. k*g+g-1, the layout of
 pretend nodes and of hostfile/Slurm block placement): rank (node i, local rank j) talks across nodes only with the
 ranks of local rank j -- its "column" -- and the blocks it exchanges there are single blocks (pairwise.py), so each
@@ -36,7 +40,11 @@ node's g ranks share the cross-node traffic and no byte crosses twice.
   reducescatter: 1. per node k: intra.reducescatter of node k's g blocks (local rank j: block (k, j) over this node)
                  2. pairwise across the column: partial sums of block (k, j) go to node k, ours come in and reduce
 Neither cuts the bytes leaving a node (a flat ring's node-boundary link carries each byte once per direction
-too); they cut the cross-node steps from N-1 to n-1 and move the node-local part over shared memory. Other layouts
+too); they cut the cross-node steps from N-1 to n-1 and move the node-local part over shared memory. Measured on
+2+2 pretend nodes, transports alone (benchmarks/results/pretend_collectives_raw_4.txt): below 64 KB the hierarchy
+is 0.6-0.8x the flat ring (two shm calls of two barriers each, plus the pairwise step, against three ring steps),
+from 64 KB to 16 MB 1.0-1.1x for allgather and 1.0-1.3x for reducescatter -- so buffers under
+`hierarchy_min_bytes` take the flat ring. Other layouts
 (uneven nodes such as 2+1, nodes that are not contiguous rank ranges) take the flat ring: there a column is not one
 rank per node, and a lone rank would have to stand in for several -- not built. alltoall is always flat.
 AVERAGE arrives as SUM (transports/base.py); the engine scales.
@@ -94,6 +102,7 @@ class HierarchicalTransport(Transport):
     Creation is collective over topology.world."""
 
     device = "cpu"
+    hierarchy_min_bytes = 64 << 10     # allgather/reducescatter of smaller buffers take the flat ring (see above)
 
     def __init__(self, topology, config, watchdog, intra="shm", inter="mpi"):
         super().__init__(topology.world, config, watchdog)     # self.comm is not ours: close() leaves it
@@ -113,7 +122,7 @@ class HierarchicalTransport(Transport):
                 self._transports.append(self.cross[-1][1])
         self.flat = transport_class(inter)(topology.world.Dup(), config, watchdog)
         self._transports.append(self.flat)
-        self._nodes, self._node_index = topology.nodes, topology.node_index
+        self._nodes = topology.nodes
         self._grid = is_grid(topology.nodes)
 
     def staging_buffer(self, nbytes):
@@ -146,24 +155,8 @@ class HierarchicalTransport(Transport):
             cross_allreduce(transport, dst[starts[block]: starts[block] + blocks[block]], op, scale)
         self.intra.allgather(dst, intra_counts)
 
-    def _owner(self, node, block):
-        """The world rank of `node` (a list of world ranks) that owns `block`."""
-        return next(node[j] for j, (first, end) in enumerate(block_owners(len(node), self.num_blocks))
-                    if first <= block < end)
-
     def broadcast(self, buf, root):
-        if self.size == 1:
-            return
-        if not 0 <= root < self.size:
-            raise ValueError(f"rank {self.rank}: broadcast root {root} is not a rank of a world of {self.size}")
-        root_node = next(node for node in self._nodes if root in node)
-        block = block_owners(len(root_node), self.num_blocks)[root_node.index(root)][0]
-        cross = dict(self.cross).get(block)
-        if cross is not None:       # we own the root's block: the root itself, or its node's stand-in on ours
-            owners = sorted(self._owner(node, block) for node in self._nodes)
-            cross.broadcast(buf, owners.index(root))
-        mine = self._nodes[self._node_index]
-        self.intra.broadcast(buf, mine.index(self._owner(mine, block)))
+        self.flat.broadcast(buf, root)
 
     def _check_counts(self, buf, counts):
         if len(counts) != self.size or sum(counts) != buf.size:
@@ -180,7 +173,7 @@ class HierarchicalTransport(Transport):
 
     def allgather(self, buf, counts):
         self._check_counts(buf, counts)
-        if not self._grid:
+        if not self._grid or buf.nbytes < self.hierarchy_min_bytes:
             self.flat.allgather(buf, counts)
             return
         column, spans = self._columns(buf, counts)
@@ -190,7 +183,7 @@ class HierarchicalTransport(Transport):
 
     def reducescatter(self, buf, counts, op):
         self._check_counts(buf, counts)
-        if not self._grid:
+        if not self._grid or buf.nbytes < self.hierarchy_min_bytes:
             self.flat.reducescatter(buf, counts, op)
             return
         column, spans = self._columns(buf, counts)

@@ -34,6 +34,7 @@ def layout(request):
     topology = Topology(MPI.COMM_WORLD, simulate_nodes=request.param)
     hierarchical = HierarchicalTransport(topology, Config(**TINY), Watchdog())
     hierarchical.intra.cache_piece_bytes = 96
+    hierarchical.hierarchy_min_bytes = 0          # the hierarchy for allgather/reducescatter of any size
     flat = MPITransport(MPI.COMM_WORLD.Dup(), Config(**TINY), Watchdog())
     yield topology, hierarchical, flat
     hierarchical.close()
@@ -115,7 +116,7 @@ def test_allreduce_in_the_staging_region():
 
 def test_reducescatter_allgather_broadcast_hierarchical_equals_flat_equals_numpy(layout):
     """On 2+2 (a grid) allgather and reducescatter take the hierarchy (pairwise across the column, shm inside each
-    node); on 2+1 and 2+1+1 they take the flat ring. broadcast takes it on every layout, from every root. Uneven
+    node); on 2+1 and 2+1+1 they take the flat ring; broadcast (MPI's, from every root) on every layout. Uneven
     counts (some blocks empty) and sizes above the 128-byte segment and the 256-byte shared region."""
     topology, hierarchical, flat = layout
     comm = MPI.COMM_WORLD
@@ -158,16 +159,20 @@ def test_reducescatter_allgather_broadcast_hierarchical_equals_flat_equals_numpy
 
 def test_allgather_and_reducescatter_take_the_hierarchy_on_a_grid(layout, monkeypatch):
     """Which path ran: on a grid the flat ring must not be called for allgather/reducescatter (else the test above
-    would pass on the flat ring alone), off a grid it must be."""
+    would pass on the flat ring alone), off a grid it must be -- and on a grid too below hierarchy_min_bytes."""
     topology, hierarchical, _ = layout
     called = []
     monkeypatch.setattr(hierarchical.flat, "allgather", lambda *a: called.append("allgather"))
     monkeypatch.setattr(hierarchical.flat, "reducescatter", lambda *a: called.append("reducescatter"))
-    buf = np.zeros(0, np.float32)
-    hierarchical.allgather(buf, [0] * topology.size)
-    hierarchical.reducescatter(buf, [0] * topology.size, ReduceOp.SUM)
     grid = len({len(node) for node in topology.nodes}) == 1
-    assert called == ([] if grid else ["allgather", "reducescatter"]), f"rank {topology.rank}: {called}"
+    for threshold, flat_expected in ((0, not grid), (1 << 20, True)):
+        monkeypatch.setattr(hierarchical, "hierarchy_min_bytes", threshold)
+        called.clear()
+        buf = np.zeros(topology.size, np.float32)
+        hierarchical.allgather(buf, [1] * topology.size)
+        hierarchical.reducescatter(buf, [1] * topology.size, ReduceOp.SUM)
+        want = ["allgather", "reducescatter"] if flat_expected else []
+        assert called == want, f"rank {topology.rank}, hierarchy_min_bytes {threshold}: flat calls {called}"
 
 
 def test_alltoall_stays_flat(layout):
@@ -191,8 +196,6 @@ def test_counts_that_do_not_split_the_buffer_raise(layout):
                  lambda: hierarchical.reducescatter(buf, [3] * topology.size, ReduceOp.SUM)):
         with pytest.raises(ValueError, match=r"rank \d+: counts .* do not split a buffer of 10 elements"):
             call()
-    with pytest.raises(ValueError, match=f"root {topology.size} is not a rank"):
-        hierarchical.broadcast(buf, topology.size)
 
 
 def test_choice_under_the_split_never_gives_shm_a_second_node():

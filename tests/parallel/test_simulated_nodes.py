@@ -53,6 +53,22 @@ def test_engine_runs_the_hierarchy_and_no_window_spans_the_split():
     np.testing.assert_array_equal(rt.allreduce(x, op=rt.Average, name="sim.big"), want)
 
 
+def test_allgather_reducescatter_broadcast_above_the_hierarchy_threshold():
+    """Through the API, large enough for the hierarchy's allgather/reducescatter on 2+2 (reducescatter then runs in
+    the engine's staging buffer, inside the shm window), flat on 2+1; distinct per-rank inputs against numpy."""
+    n, me = rt.size(), rt.rank()
+    rows = 2 * state.engine().transports["cpu"].hierarchy_min_bytes // 4 // n + 3     # uneven split of rows
+    inputs = [np.arange(rows * n * 2, dtype=np.float32).reshape(rows * n, 2) % 251 * (r + 1) for r in range(n)]
+    got = rt.reducescatter(inputs[me], op=rt.Sum, name="sim.rs")
+    counts = [rows * n // n + (1 if r < rows * n % n else 0) for r in range(n)]
+    start = sum(counts[:me])
+    np.testing.assert_array_equal(got, sum(inputs)[start: start + counts[me]])
+    gathered = rt.allgather(inputs[me][: rows + me], name="sim.ag")
+    np.testing.assert_array_equal(gathered, np.concatenate([inputs[r][: rows + r] for r in range(n)]))
+    root = n - 1
+    np.testing.assert_array_equal(rt.broadcast(inputs[me], root_rank=root, name="sim.bcast"), inputs[root])
+
+
 def test_agreement_cycles_cross_the_split_as_messages(monkeypatch):
     """No agreement window spans two pretend nodes either: cached collectives agree by cycle messages, and the
     steady state needs no coordinator (the slow path only for the first sighting)."""
