@@ -1,4 +1,4 @@
-"""World, node-local and cross-node communicators, the layout of the nodes, and the pids of this node's ranks
+"""World, node-local and cross-node communicators, the layout of the nodes, and the pids of the ranks on this machine
 (for the watchdog).
 
 A node is the ranks that share memory (`COMM_TYPE_SHARED`, where a shared window really works).
@@ -52,6 +52,9 @@ class Topology:
         self.simulated_nodes = simulate_nodes
         # ranks sharing memory with us (one node); key=rank keeps local ranks in world order
         physical = _shared_memory_node(comm, self.rank)
+        # the watchdog checks the pids of every rank on this machine, pretend nodes or not: a rank dying on
+        # another pretend node is then named as promptly as one on ours (across real nodes no pid can be seen)
+        machine_ids = physical.allgather((self.rank, os.getpid()))
         if simulate_nodes:
             self.local = physical.Split(color=pretend_node(self.rank, self.size, simulate_nodes), key=self.rank)
             physical.Free()
@@ -73,8 +76,7 @@ class Topology:
         self.homogeneous = len({len(node) for node in self.nodes}) == 1    # every node runs as many ranks
         hostname = socket.gethostname()
         self.host = f"{hostname}/node{self.node_index}" if simulate_nodes else hostname
-        local_ids = self.local.allgather((self.rank, os.getpid()))
-        self.local_peers = {r: pid for r, pid in local_ids if r != self.rank}
+        self.local_peers = {r: pid for r, pid in machine_ids if r != self.rank}
 
     def free(self):
         for c in (self.local, self.cross):
