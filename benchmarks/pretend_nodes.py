@@ -6,14 +6,17 @@
 Every call goes through the public API (rt.allreduce, rt.allgather, rt.broadcast from rank 0, rt.reducescatter;
 float32, Sum) with RINGTRAIN_SIMULATE_NODES=2-style pretend nodes: rt.init(simulate_nodes=2, hierarchical="0")
 gives the flat mpi ring across the split, hierarchical="1" the hierarchy (transports/hierarchical.py).
-Rounds are interleaved -- flat then hierarchical, then hierarchical then flat, ... -- each round one init of each,
-so both see the same load; the ratio reported is the median over rounds of each round's flat/hierarchical time
+Rounds are interleaved -- flat then hierarchical, then hierarchical then flat, ... -- with one init of each per
+collective in every round, so both see about the same load; the ratio reported is the median over rounds of each round's flat/hierarchical time
 (a paired ratio: load that changes between rounds cancels). >1 means the hierarchy is faster.
+broadcast runs the same code on both sides (the hierarchy keeps MPI's Ibcast), so its ratio is the run's noise
+floor: read the other ratios against it.
 Size is the whole buffer, as in nccl-tests: allreduce's input, allgather's output, broadcast's array,
 reducescatter's input. busbw: allreduce algbw*2(N-1)/N, allgather and reducescatter algbw*(N-1)/N, broadcast algbw.
 Every size is checked against numpy (#wrong) before it is timed.
 --raw times the transports alone instead (transports/hierarchical.py against the flat mpi ring, both built once on
-the same pretend-node topology, no engine): each round then alternates the two per size, and broadcast also runs
+the same pretend-node topology, no engine; the hierarchy's allgather/reducescatter at every size, its
+hierarchy_min_bytes set to 0): each round then alternates the two per size, and broadcast also runs
 a two-level scheme (rank 0 -> local rank 0 of every other node over MPI, then inside each node) that the
 hierarchical transport does not use -- the measurement behind that choice (op broadcast-two-level).
 """
@@ -129,6 +132,7 @@ def raw_rounds(ops, sizes, comm, args):
     topology = Topology(comm, simulate_nodes=2)
     transports = {"hierarchical": HierarchicalTransport(topology, Config(), Watchdog()),
                   "flat": MPITransport(comm.Dup(), Config(), Watchdog())}
+    transports["hierarchical"].hierarchy_min_bytes = 0      # the hierarchy at every size: what set the threshold
     rounds = [{impl: {} for impl in IMPLS} for _ in range(args.rounds)]
     for r, results in enumerate(rounds):
         for op in ops:
@@ -167,9 +171,13 @@ def main(argv=None):
         rounds = raw_rounds(ops, sizes, comm, args)
     else:
         rounds = []
-        for r in range(args.rounds):
+        for r in range(args.rounds):       # per collective, so flat and hierarchical run seconds apart
             order = list(IMPLS) if r % 2 == 0 else list(IMPLS)[::-1]
-            rounds.append({impl: one_round(impl, ops, sizes, comm, args) for impl in order})
+            results = {impl: {} for impl in IMPLS}
+            for op in ops:
+                for impl in order:
+                    results[impl].update(one_round(impl, [op], sizes, comm, args))
+            rounds.append(results)
     if comm.rank:
         return 0
     records, rows = [], []
