@@ -11,6 +11,7 @@ import pytest
 
 import ringtrain as rt
 from ringtrain import state
+from ringtrain.ops import DTYPES
 from ringtrain.process_sets import _world_ranks_of
 from ringtrain.topology import pretend_node
 
@@ -53,20 +54,30 @@ def test_engine_runs_the_hierarchy_and_no_window_spans_the_split():
     np.testing.assert_array_equal(rt.allreduce(x, op=rt.Average, name="sim.big"), want)
 
 
-def test_allgather_reducescatter_broadcast_above_the_hierarchy_threshold():
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+def test_allgather_reducescatter_broadcast_above_the_hierarchy_threshold(dtype_name):
     """Through the API, large enough for the hierarchy's allgather/reducescatter on 2+2 (reducescatter then runs in
-    the engine's staging buffer, inside the shm window), flat on 2+1; distinct per-rank inputs against numpy."""
+    the engine's staging buffer, inside the shm window), flat on 2+1; every dtype, distinct per-rank inputs (small
+    integers: exact in every dtype) against numpy."""
     n, me = rt.size(), rt.rank()
-    rows = 2 * state.engine().transports["cpu"].hierarchy_min_bytes // 4 // n + 3     # uneven split of rows
-    inputs = [np.arange(rows * n * 2, dtype=np.float32).reshape(rows * n, 2) % 251 * (r + 1) for r in range(n)]
-    got = rt.reducescatter(inputs[me], op=rt.Sum, name="sim.rs")
+    dtype = DTYPES[dtype_name]
+    op = rt.Max if dtype_name == "bool" else rt.Sum         # bool reduces logically (Max = or)
+    rows = 2 * state.engine().transports["cpu"].hierarchy_min_bytes // dtype.itemsize // 2 // n + 3
+    values = np.arange(rows * n * 2).reshape(rows * n, 2)
+    inputs = [((values + r) % 2 if dtype_name == "bool" else (values * (r + 1)) % 5 + r).astype(dtype)
+              for r in range(n)]
+    stacked = np.stack([x.astype(np.float64) for x in inputs])
+    want = stacked.max(0) if dtype_name == "bool" else stacked.sum(0)
+    got = rt.reducescatter(inputs[me], op=op, name=f"sim.rs.{dtype_name}")
     counts = [rows * n // n + (1 if r < rows * n % n else 0) for r in range(n)]
     start = sum(counts[:me])
-    np.testing.assert_array_equal(got, sum(inputs)[start: start + counts[me]])
-    gathered = rt.allgather(inputs[me][: rows + me], name="sim.ag")
-    np.testing.assert_array_equal(gathered, np.concatenate([inputs[r][: rows + r] for r in range(n)]))
+    np.testing.assert_array_equal(got.astype(np.float64), want[start: start + counts[me]])
+    gathered = rt.allgather(inputs[me][: rows + me], name=f"sim.ag.{dtype_name}")
+    np.testing.assert_array_equal(gathered.astype(np.float64),
+                                  np.concatenate([inputs[r][: rows + r] for r in range(n)]).astype(np.float64))
     root = n - 1
-    np.testing.assert_array_equal(rt.broadcast(inputs[me], root_rank=root, name="sim.bcast"), inputs[root])
+    np.testing.assert_array_equal(rt.broadcast(inputs[me], root_rank=root, name=f"sim.bcast.{dtype_name}")
+                                  .astype(np.float64), inputs[root].astype(np.float64))
 
 
 def test_agreement_cycles_cross_the_split_as_messages(monkeypatch):
