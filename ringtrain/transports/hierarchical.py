@@ -26,8 +26,8 @@ applied between the cross ring's reduce-scatter and allgather, to 1/n of the blo
 block into its region once and fills dst's other blocks from the peers' regions.
 
 broadcast stays MPI's own (Ibcast over the world). A two-level broadcast (root -> one rank per node over MPI, then
-inside each node) was built and measured on pretend nodes: 0.5-0.9x of MPI's Ibcast at 4 KB-16 MB, through the API
-and on the transports alone (benchmarks/pretend_nodes.py, op broadcast-two-level). Two full-size steps in a row
+inside each node) was built and measured on 2+2 pretend nodes: 0.69-1.05x of MPI's Ibcast at 4 KB-16 MB, mostly
+~0.8x (benchmarks/results/pretend_collectives_raw_4.txt, op broadcast-two-level). Two full-size steps in a row
 cost more than one, and nothing is saved: MPI's binomial tree, or its scatter + allgather for large messages, over
 nodes that are contiguous rank ranges already sends each byte across each node boundary about once, and MPICH's
 ch4 device has node-aware Ibcast compositions of its own.
@@ -42,8 +42,8 @@ node's g ranks share the cross-node traffic and no byte crosses twice.
 Neither cuts the bytes leaving a node (a flat ring's node-boundary link carries each byte once per direction
 too); they cut the cross-node steps from N-1 to n-1 and move the node-local part over shared memory. Measured on
 2+2 pretend nodes, transports alone (benchmarks/results/pretend_collectives_raw_4.txt): below 64 KB the hierarchy
-is 0.6-0.8x the flat ring (two shm calls of two barriers each, plus the pairwise step, against three ring steps),
-from 64 KB to 16 MB 1.0-1.1x for allgather and 1.0-1.3x for reducescatter -- so buffers under
+is 0.65-1.01x the flat ring (two shm calls of two barriers each, plus the pairwise step, against three ring steps),
+from 64 KB to 16 MB 0.91-1.69x for allgather and 1.07-1.18x for reducescatter -- so buffers under
 `hierarchy_min_bytes` take the flat ring. Other layouts
 (uneven nodes such as 2+1, nodes that are not contiguous rank ranges) take the flat ring: there a column is not one
 rank per node, and a lone rank would have to stand in for several -- not built. alltoall is always flat.
