@@ -72,8 +72,12 @@ def _kill_group(proc):
 # Hydra SIGKILLs every rank within about a second of one dying by a signal (even with -disable-auto-cleanup), often
 # before the survivors' watchdogs can speak. Under this shell, hydra's child outlives a rank killed by a signal by
 # OUTLIVE_S, so hydra learns of the death only after the survivors' watchdogs (peer check every 0.2 s) had ample time.
+# A survivor that already failed lingers SURVIVOR_LINGER_S too: hydra kills the other ranks as soon as one exits
+# non-zero, and under load the second survivor's watchdog may not have spoken yet (seen: 1 run in 6).
 OUTLIVE_S = 8
-OUTLIVE_A_KILLED_RANK = f'python "$0" "$@"; s=$?; if [ $s -gt 128 ]; then sleep {OUTLIVE_S}; fi; exit $s'
+SURVIVOR_LINGER_S = 3
+OUTLIVE_A_KILLED_RANK = (f'python "$0" "$@"; s=$?; if [ $s -gt 128 ]; then sleep {OUTLIVE_S}; '
+                         f'elif [ $s -ne 0 ]; then sleep {SURVIVOR_LINGER_S}; fi; exit $s')
 
 
 def run_job(script, n, *args, launcher_args=(), outlive_killed_rank=False, **env):
