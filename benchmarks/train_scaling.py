@@ -10,6 +10,11 @@ Two synthetic models, each on the same per-rank batch (issue 10 names both):
 Every N runs every model in these modes, interleaved in rounds so that machine noise hits all of them alike; the
 median over rounds is reported:
   no-comm               plain torch, no communication: the ceiling (N independent processes)
+  lockstep              plain torch plus one MPI barrier per step after backward, no gradient traffic: the
+                        synchronous ceiling. Every synchronous method (DDP, Horovod, ringtrain) makes each step wait
+                        for the slowest rank and runs the ranks' phases at the same moments; this mode pays exactly
+                        that and nothing else, so no-comm -> lockstep is what synchronising costs on this machine and
+                        lockstep -> a method is what the method itself costs (its allreduce, hooks, copies, waits).
   ringtrain-after-backward  ringtrain.torch.DistributedOptimizer(overlap=False): step() reduces every bucket on
                         the caller's thread after backward
   ringtrain-overlap     ringtrain.torch.DistributedOptimizer(overlap=True): buckets allreduced from hooks during
@@ -34,6 +39,7 @@ import argparse
 import importlib.util
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -46,7 +52,8 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(BENCH_DIR)
 sys.path.append(REPO_ROOT)   # run from a source checkout without pip install
 
-MODES = ("no-comm", "ringtrain-after-backward", "ringtrain-overlap", "torch-ddp", "horovod")
+MODES = ("no-comm", "lockstep", "ringtrain-after-backward", "ringtrain-overlap", "torch-ddp", "horovod")
+LOCAL_MODES = ("no-comm", "lockstep")   # no gradient traffic: each rank trains its own copy of the model
 RINGTRAIN_OVERLAP = {"ringtrain-after-backward": False, "ringtrain-overlap": True}
 MODELS = ("convnet", "mlp")
 MLP_BLOCKS = 100             # 4 tensors per block + the head's 2: 402 gradient tensors at any width
@@ -202,7 +209,7 @@ def run_worker(args):
         # Distributed modes must agree with each other: same seed, same data, same averaged gradients.
         reference = final_params.get("torch-ddp")
         for mode, params in final_params.items():
-            if mode in ("no-comm", "torch-ddp") or reference is None:
+            if mode in LOCAL_MODES or mode == "torch-ddp" or reference is None:
                 continue
             results[mode]["max_param_diff_vs_ddp"] = float(np.max(np.abs(params - reference)))
         parameters = list(build_model(torch, model, width).parameters())
@@ -286,6 +293,8 @@ def train_mode(mode, model_name, width, args, torch, comm, inputs, labels, bindi
         loss = loss_fn(model(inputs), labels)
         loss.backward()
         backward_end = time.perf_counter()
+        if mode == "lockstep":
+            comm.Barrier()   # where a synchronous method reduces the gradients: wait for the slowest rank
         optimizer.step()
         return backward_end
 
@@ -293,18 +302,22 @@ def train_mode(mode, model_name, width, args, torch, comm, inputs, labels, bindi
         step()
     recorder.take()
     hidden = total_comm = 0.0
-    after_backward = 0.0
+    after_backward = compute = 0.0
     comm.Barrier()
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     start = time.perf_counter()
     for _ in range(args.steps):
+        step_start = time.perf_counter()
         backward_end = step()
         step_end = time.perf_counter()
         after_backward += step_end - backward_end
+        compute += backward_end - step_start
         if mode.startswith("ringtrain"):
             h, t = hidden_seconds(recorder.take(), backward_end)
             hidden += h
             total_comm += t
     elapsed = time.perf_counter() - start
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     # the job runs at the pace of its slowest rank
     elapsed = comm.allreduce(elapsed, op=MPI.MAX)
     hidden = comm.allreduce(hidden, op=MPI.SUM)
@@ -319,8 +332,15 @@ def train_mode(mode, model_name, width, args, torch, comm, inputs, labels, bindi
               "samples_per_s_per_rank": args.batch * args.steps / elapsed,
               "samples_per_s_total": ranks * args.batch * args.steps / elapsed,
               "after_backward_ms": 1e3 * after_backward / args.steps,
+              # zero_grad + forward + backward, mean over ranks: does the computation itself slow down when the
+              # ranks run in step (shared caches, memory bandwidth), apart from any waiting?
+              "forward_backward_ms": 1e3 * comm.allreduce(compute, op=MPI.SUM) / ranks / args.steps,
+              # fresh pages the process touched per step (all threads, mean over ranks): the allocator's state
+              # (mmap threshold, heap trimming) can make plain torch fault in its largest tensors every step,
+              # which costs milliseconds on a VM and differs between processes
+              "page_faults_per_step": comm.allreduce(faults, op=MPI.SUM) / ranks / args.steps,
               # every distributed mode must leave the same weights on every rank
-              "params_in_sync": mode == "no-comm" or ranks == 1 or len(set(checksums)) == 1}
+              "params_in_sync": mode in LOCAL_MODES or ranks == 1 or len(set(checksums)) == 1}
     if mode.startswith("ringtrain"):
         # only asynchronous allreduces have handles with times: after backward, none (and nothing is hidden)
         result["allreduce_ms_per_step"] = 1e3 * total_comm / ranks / args.steps if total_comm > 0 else None
@@ -348,13 +368,15 @@ def launch(ranks, args, folder):
                "--models", args.models]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH")) if p)
-    started = time.perf_counter()
+    started, load_before = time.perf_counter(), os.getloadavg()[0]
     completed = subprocess.run(command, env=env, timeout=args.job_timeout, capture_output=True, text=True)
     if completed.returncode != 0:
         raise SystemExit(f"the {ranks}-rank job failed (exit {completed.returncode}):\n"
                          f"{completed.stdout[-4000:]}\n{completed.stderr[-4000:]}")
     payload = common.read_json(worker_json)
     payload["wall_s"] = time.perf_counter() - started
+    # 1-minute load average when the job started and ended: the machine may be shared, so say how busy it was
+    payload["load_average"] = [load_before, os.getloadavg()[0]]
     return payload
 
 
@@ -374,6 +396,7 @@ def summarise(jobs):
                     continue
                 n = job["ranks"]
                 record = dict(r, model=model, threads_per_rank=job["threads_per_rank"],
+                              load_average=job.get("load_average"),
                               batch_per_rank=job["batch_per_rank"], parameters=measured["parameters"],
                               tensors=measured["tensors"], width=measured["width"], ddp_backend=job["ddp_backend"])
                 record["efficiency"] = r["samples_per_s_total"] / (n * base) if base else None
@@ -390,46 +413,62 @@ def print_report(records, jobs, rounds):
         measured = [r for r in records if r["model"] == model and "skipped" not in r]
         for r in (r for r in records if r["model"] == model):
             if "skipped" in r:
-                rows.append([r["ranks"], r["mode"], "-", "-", "-", "-", "-", "-", f"skipped: {r['skipped']}"])
+                rows.append([r["ranks"], r["mode"]] + ["-"] * 9 + [f"skipped: {r['skipped']}"])
                 continue
             hidden = r.get("hidden_share")
             rows.append([r["ranks"], r["mode"] + ("*" if r.get("default") else ""), f"{r['step_ms']:.1f}",
+                         _ms(r.get("forward_backward_ms")), _ms(r.get("after_backward_ms")),
                          f"{r['samples_per_s_per_rank']:.1f}",
                          f"{r['samples_per_s_total']:.1f}", _pct(r["efficiency"]),
                          _pct(r["efficiency_vs_own_1rank"]), "-" if hidden is None else _pct(hidden),
+                         "-" if r.get("page_faults_per_step") is None else f"{r['page_faults_per_step']:.0f}",
                          ("in sync" if r["params_in_sync"] else "RANKS DIFFER") +
                          (f", |dw vs ddp| {r['max_param_diff_vs_ddp']:.1e}" if "max_param_diff_vs_ddp" in r else "")])
         shape = measured[0] if measured else {"parameters": 0, "tensors": 0}
         print(common.format_table(
-            ["ranks", "mode", "step_ms", "samples/s/rank", "samples/s", "efficiency", "eff_own_T1", "hidden",
-             "check"], rows,
+            ["ranks", "mode", "step_ms", "fwd_bwd_ms", "after_bwd_ms", "samples/s/rank", "samples/s", "efficiency",
+             "eff_own_T1", "hidden", "faults/step", "check"], rows,
             title=f"training scaling, {model}: {shape['parameters'] / 1e6:.2f} M parameters in {shape['tensors']} "
                   f"tensors, batch {job['batch_per_rank']} per rank, {job['threads_per_rank']} thread(s) per rank, "
                   f"{os.cpu_count()} cores, median of {rounds} interleaved round(s); efficiency = T(N)/(N*T(1)), "
-                  f"T(1) = plain torch on 1 rank; * = the DistributedOptimizer's default schedule here"))
+                  f"T(1) = plain torch on 1 rank; * = the DistributedOptimizer's default schedule here; fwd_bwd_ms = "
+                  f"zero_grad+forward+backward, after_bwd_ms = the rest of the step (means over ranks)"))
         print()
     print(target_table(records))
 
 
 def target_table(records):
     """Issue 10's training targets at the largest rank count: efficiency within 5 points of the no-comm ceiling,
-    and at least 1.3x DDP's throughput, for every model, with every figure from this same run."""
+    and at least 1.3x DDP's throughput, for every model, with every figure from this same run. Beside them, the
+    points below the lockstep mode (the synchronous ceiling): the part of the gap the method itself costs."""
     top = max(r["ranks"] for r in records)
     rows = []
     for model in dict.fromkeys(r["model"] for r in records):
         by_mode = {r["mode"]: r for r in records if r["model"] == model and r["ranks"] == top and "skipped" not in r}
         ceiling = by_mode.get("no-comm", {}).get("efficiency")
+        lockstep = by_mode.get("lockstep", {}).get("efficiency")
         ddp = by_mode.get("torch-ddp", {}).get("samples_per_s_total")
         for mode, r in by_mode.items():
             if mode == "no-comm":
                 continue
             rows.append([model, mode + ("*" if r.get("default") else ""), _pct(r["efficiency"]), _pct(ceiling),
-                         "-" if ceiling is None or r["efficiency"] is None else
-                         f"{100 * (ceiling - r['efficiency']):.1f}",
+                         _points_below(ceiling, r["efficiency"]), _pct(lockstep),
+                         "-" if mode == "lockstep" else _points_below(lockstep, r["efficiency"]),
                          f"{r['samples_per_s_total'] / ddp:.2f}" if ddp else "-"])
     return common.format_table(
-        ["model", "mode", "efficiency", "ceiling", "points_below_ceiling", "x_ddp_throughput"], rows,
-        title=f"{top} ranks against the targets (issue 10: <= 5 points below the ceiling, >= 1.3x DDP)")
+        ["model", "mode", "efficiency", "ceiling", "points_below_ceiling", "lockstep", "points_below_lockstep",
+         "x_ddp_throughput"], rows,
+        title=f"{top} ranks against the targets (issue 10: <= 5 points below the ceiling, >= 1.3x DDP); lockstep = "
+              f"the synchronous ceiling (a barrier per step, no gradients), for the part of the gap that is the "
+              f"method's own")
+
+
+def _points_below(ceiling, efficiency):
+    return "-" if ceiling is None or efficiency is None else f"{100 * (ceiling - efficiency):.1f}"
+
+
+def _ms(value):
+    return "-" if value is None else f"{value:.1f}"
 
 
 def _pct(value):
@@ -511,7 +550,9 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as folder:
         for ranks in range(1, args.max_ranks + 1):
             jobs.append(launch(ranks, args, folder))
-            print(f"# {ranks} rank(s): done in {jobs[-1]['wall_s']:.1f} s", flush=True)
+            load = jobs[-1]["load_average"]
+            print(f"# {ranks} rank(s): done in {jobs[-1]['wall_s']:.1f} s, load average {load[0]:.2f} at start, "
+                  f"{load[1]:.2f} at end", flush=True)
     records = summarise(jobs)
     print_report(records, jobs, args.rounds)
     if args.json:

@@ -109,7 +109,7 @@ def test_train_scaling_quick(tmp_path):
     records = result["records"]
     assert len(result["machine"]["commit"]) >= 40 or result["machine"]["commit"] == "unknown"
     ran = {(r["model"], r["ranks"], r["mode"]): r for r in records if "skipped" not in r}
-    modes = ["no-comm", "ringtrain-after-backward", "ringtrain-overlap", "torch-ddp"]
+    modes = ["no-comm", "lockstep", "ringtrain-after-backward", "ringtrain-overlap", "torch-ddp"]
     if importlib.util.find_spec("horovod") is not None:   # the optional peer, where someone built it
         modes.append("horovod")
     else:
@@ -121,7 +121,8 @@ def test_train_scaling_quick(tmp_path):
         assert r["params_in_sync"], f"{model} {mode} at {ranks} ranks left different parameters on different ranks"
         assert r["samples_per_s_total"] == pytest.approx(ranks * r["samples_per_s_per_rank"])
         assert r["efficiency"] > 0   # never a speed bound: this machine is shared and noisy
-        if mode not in ("no-comm", "torch-ddp"):
+        assert 0 < r["forward_backward_ms"] < r["step_ms"] and r["page_faults_per_step"] >= 0
+        if mode not in ("no-comm", "lockstep", "torch-ddp"):
             # same seed, same data, averaged gradients: ringtrain (and Horovod) must train exactly what DDP trains
             assert r["max_param_diff_vs_ddp"] <= 1e-4, (model, ranks, mode, r["max_param_diff_vs_ddp"])
         if mode == "ringtrain-overlap" and ranks > 1:
@@ -184,12 +185,15 @@ def test_train_scaling_reports_the_median_round_and_the_targets():
     assert record["params_in_sync"] is False                  # one bad round makes the mode bad
     assert record["rounds"] == [300.0, 100.0, 200.0]
     records = [{"model": "mlp", "ranks": 2, "mode": m, "efficiency": e, "samples_per_s_total": t}
-               for m, e, t in (("no-comm", 0.95, 950.0), ("torch-ddp", 0.5, 500.0), ("ringtrain", 0.9, 900.0))]
+               for m, e, t in (("no-comm", 0.95, 950.0), ("lockstep", 0.92, 920.0), ("torch-ddp", 0.5, 500.0),
+                               ("ringtrain", 0.9, 900.0))]
     records.append({"model": "mlp", "ranks": 2, "mode": "horovod", "skipped": "not installed"})
     table = train_scaling.target_table(records)
-    ringtrain_row = next(line for line in table.splitlines() if "ringtrain" in line).split()
-    assert ringtrain_row == ["mlp", "ringtrain", "90%", "95%", "5.0", "1.80"]
-    assert "horovod" not in table
+    rows = {line.split()[1]: line.split() for line in table.splitlines() if line.split()[:1] == ["mlp"]}
+    # the target column (points below no-comm) stays; lockstep only adds the method's own share of the gap
+    assert rows["ringtrain"] == ["mlp", "ringtrain", "90%", "95%", "5.0", "92%", "2.0", "1.80"]
+    assert rows["lockstep"] == ["mlp", "lockstep", "92%", "95%", "3.0", "92%", "-", "1.84"]
+    assert "no-comm" not in rows and "horovod" not in table
 
 
 def test_common_helpers():
