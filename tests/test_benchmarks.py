@@ -176,6 +176,25 @@ def test_projection_formulas():
     assert step == pytest.approx(1.0 + comm)
 
 
+def test_step_breakdown_quick(tmp_path):
+    """Every mode runs on 2 ranks; the cross-rank stamps are consistent: no rank leaves the barrier or
+    synchronize() before the last rank finished its backward (after_last >= 0), and waits are never negative."""
+    if mpiexec() is None:
+        pytest.skip("mpiexec not found")
+    pytest.importorskip("torch")
+    out_json = str(tmp_path / "breakdown.json")
+    stdout = run_script([mpiexec(), "-n", "2", sys.executable, os.path.join(BENCH_DIR, "step_breakdown.py"),
+                         "--model", "mlp", "--rounds", "1", "--steps", "3", "--json", out_json], timeout=300)
+    with open(out_json) as f:
+        result = json.load(f)
+    assert result["one_host"] and set(result["per_round"]) == {"lockstep", "after-backward", "overlap"}
+    for mode, rounds in result["per_round"].items():
+        for r in rounds:
+            assert r["after_last"] >= 0 and r["wait"] >= 0, (mode, r)
+            assert 0 < r["fwd_bwd"] < r["step_wall"] and r["faults"] >= 0
+    assert "after-backward against lockstep" in stdout and "overlap against lockstep" in stdout
+
+
 def test_train_scaling_reports_the_median_round_and_the_targets():
     rounds = [{"mode": "ringtrain", "ranks": 2, "samples_per_s_per_rank": v, "hidden_share": h, "params_in_sync": ok}
               for v, h, ok in ((300.0, 0.5, True), (100.0, None, True), (200.0, 0.7, False))]
