@@ -156,6 +156,8 @@ def report(args, modes, measured, one_host, load_before):
             summary[mode][phase] = float(np.median(values)) if values else None
         walls = [r["step_wall"] for r in measured[mode]]
         summary[mode]["step_wall_range"] = [min(walls), max(walls)]
+    machine = train_scaling.common.machine_info()
+    print(f"# ringtrain {machine['commit']}, {machine['date']}")
     print(f"# {args.model}, {hvd.size()} ranks, batch {args.batch}, 1 thread per rank, transport "
           f"{ringtrain.transport_name()}; ms per step, median over {args.rounds} interleaved rounds of "
           f"{args.steps} steps (each: mean over ranks of the rank's median); load average {load_before:.2f} at "
@@ -182,7 +184,7 @@ def report(args, modes, measured, one_host, load_before):
             print(f"# {mode} against lockstep: step {s['step_wall'] - base['step_wall']:+.1f} ms ({parts})")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"model": args.model, "ranks": hvd.size(), "rounds": args.rounds, "steps": args.steps,
+            json.dump({"machine": machine, "model": args.model, "ranks": hvd.size(), "rounds": args.rounds, "steps": args.steps,
                        "load_average_start_end": [load_before, os.getloadavg()[0]], "one_host": one_host,
                        "summary": summary, "per_round": measured}, f, indent=1)
 
