@@ -2,9 +2,11 @@
 the gradient allreduce (no gradient traffic) -- what every synchronous method pays, and nothing more.
 
     mpiexec -n 2 python benchmarks/step_breakdown.py [--model convnet|mlp] [--rounds 3] [--steps 15]
-        [--modes lockstep,after-backward,overlap] [--json out.json]
+        [--modes no-comm,lockstep,after-backward,overlap] [--json out.json]
 
 Modes, interleaved in rounds (a fresh model and optimizer per mode and round, the medians over rounds reported):
+  no-comm         plain torch, no synchronisation at all (the ranks drift apart): does the computation itself run
+                  slower when the ranks run in step (shared caches, memory bandwidth)? compare its fwd+bwd cpu
   lockstep        plain torch optimizer; after backward an MPI barrier (the synchronous ceiling)
   after-backward  ringtrain.torch.DistributedOptimizer(overlap=False): synchronize() reduces after backward
   overlap         DistributedOptimizer(overlap=True): buckets are reduced from hooks during backward
@@ -43,7 +45,8 @@ import ringtrain  # noqa: E402
 import ringtrain.torch as hvd  # noqa: E402
 
 WARMUP = 5
-MODES = ("lockstep", "after-backward", "overlap")
+MODES = ("no-comm", "lockstep", "after-backward", "overlap")
+LOCAL_MODES = ("no-comm", "lockstep")   # the plain torch optimizer, no gradient traffic
 PHASES = ("step_wall", "fwd_bwd", "fwd_bwd_cpu", "wait", "after_last", "step", "engine_cpu", "faults")
 
 
@@ -65,7 +68,7 @@ def run_mode(mode, args, round_index, comm, inputs, labels, engine_cpu):
     torch.manual_seed(0)
     model = train_scaling.build_model(torch, args.model, args.width)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    if mode != "lockstep":
+    if mode not in LOCAL_MODES:
         named = [(f"r{round_index}.{mode}.{name}", p) for name, p in model.named_parameters()]
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named, overlap=(mode == "overlap"))
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -79,10 +82,10 @@ def run_mode(mode, args, round_index, comm, inputs, labels, engine_cpu):
         t1, c1 = time.perf_counter(), time.thread_time()
         if mode == "lockstep":
             comm.Barrier()
-        else:
+        elif mode != "no-comm":
             optimizer.synchronize()
         t2 = time.perf_counter()
-        if mode == "lockstep":
+        if mode in LOCAL_MODES:
             optimizer.step()
         else:
             with optimizer.skip_synchronize():
@@ -141,7 +144,8 @@ def main():
         for mode in modes:
             everyone = comm.gather(run_mode(mode, args, round_index, comm, inputs, labels, engine_cpu), root=0)
             if hvd.rank() == 0:
-                measured[mode].append(phases(everyone, one_host))
+                # free-running ranks have no common step to wait for
+                measured[mode].append(phases(everyone, one_host and mode != "no-comm"))
     if hvd.rank() == 0:
         report(args, modes, measured, one_host, load_before)
     hvd.shutdown()
@@ -175,7 +179,7 @@ def report(args, modes, measured, one_host, load_before):
     if "lockstep" in summary:
         base = summary["lockstep"]
         for mode in modes:
-            if mode == "lockstep":
+            if mode in LOCAL_MODES:
                 continue
             s = summary[mode]
             parts = ", ".join(f"{name} {s[key] - base[key]:+.1f}" for name, key in
