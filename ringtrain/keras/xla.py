@@ -12,10 +12,7 @@ ringtrain's policy, stated once so the code and the tests agree:
 """
 import warnings
 
-from tensorflow.python.framework import ops
-from tensorflow.python.ops import control_flow_util
-
-from ringtrain.errors import RingtrainError
+from ringtrain.tensorflow import xla as tf_xla
 
 XLA_WARNING = ("ringtrain.keras: model.jit_compile was {setting}; ringtrain's allreduce is a host callback that XLA "
                "cannot compile, so the train step now runs without XLA (jit_compile=False). Compile with "
@@ -42,14 +39,7 @@ def turn_off_xla(model):
     return True
 
 
-def in_xla_context():
-    return control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph())
-
-
 def check_not_compiling(what):
-    if in_xla_context():
-        raise RingtrainError(
-            f"{what} is being traced inside an XLA cluster (model.compile(jit_compile=True), or 'auto' on a GPU), "
-            "where ringtrain's host-callback allreduce cannot run. Pass "
-            "ringtrain.keras.callbacks.BroadcastGlobalVariablesCallback(0) to fit (it turns XLA off with a "
-            "warning) or compile with jit_compile=False.")
+    tf_xla.check_not_compiling(
+        what, "Pass ringtrain.keras.callbacks.BroadcastGlobalVariablesCallback(0) to fit (it turns XLA off with a "
+              "warning) or compile with jit_compile=False (jit_compile='auto' turns XLA on on GPUs).")

@@ -42,7 +42,7 @@ from ringtrain.ops import resolve_op
 from ringtrain.process_sets import (ProcessSet, add_process_set, global_process_set,  # noqa: F401  (re-exported)
                                     remove_process_set, route)
 
-from . import arrays
+from . import arrays, xla
 from .compression import Compression
 
 # ---------------------------------------------------------------- names and host calls
@@ -84,6 +84,7 @@ def host_call(fn, inputs, out_specs, name):
     tf.numpy_function node whose outputs get the declared (dtype, shape) of out_specs."""
     if tf.executing_eagerly():
         return [arrays.to_tensor(r) for r in fn(*[arrays.to_array(t) for t in inputs])]
+    xla.check_not_compiling(f"ringtrain collective {name!r}")
     outputs = tf.numpy_function(fn, list(inputs), [dtype for dtype, _ in out_specs], stateful=True,
                                 name=_node_name(name))
     for out, (_, shape) in zip(outputs, out_specs):

@@ -232,6 +232,48 @@ def test_xla_without_a_ringtrain_callback_fails_with_the_fix():
 
 
 @pytest.mark.mpi(min_size=2)
+def test_collectives_inside_jit_compile_fail_at_trace_time_and_work_outside():
+    """tf.function(jit_compile=True) compiles for XLA_CPU_JIT here as it would for a GPU, and XLA cannot run a host
+    callback: a collective or a DistributedGradientTape traced inside it raises RingtrainError naming it and the
+    fix, on every rank, before anything is sent (not TensorFlow's 'unsupported operations: PyFunc' at run time).
+    The fix it names works: gradients from a jit-compiled function, averaged outside it."""
+    n, r = hvd.size(), hvd.rank()
+    weights = tf.Variable([1.0, 2.0])
+
+    def gradients(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(weights * x)
+        return tape, loss
+
+    @tf.function(jit_compile=True)
+    def allreduce_in_xla(x):
+        return hvd_tf.allreduce(x, name="xla.allreduce")
+
+    @tf.function(jit_compile=True)
+    def tape_in_xla(x):
+        tape, loss = gradients(x)
+        return hvd_tf.DistributedGradientTape(tape).gradient(loss, [weights])
+
+    x = tf.constant([1.0, float(r)])
+    for fn, what in ((allreduce_in_xla, "'xla.allreduce'"), (tape_in_xla, "'DistributedGradientTape")):
+        with pytest.raises(RingtrainError, match=f"ringtrain collective {what}.* inside an XLA cluster") as error:
+            fn(x)
+        assert "outside the jit-compiled function" in str(error.value)
+
+    @tf.function(jit_compile=True)
+    def gradients_in_xla(x):
+        tape, loss = gradients(x)
+        return tape.gradient(loss, [weights])
+
+    @tf.function
+    def averaged_outside(x):
+        return hvd_tf.grouped_allreduce(gradients_in_xla(x), name="xla.outside")
+
+    (averaged,) = averaged_outside(x)
+    np.testing.assert_allclose(averaged.numpy(), [1.0, (n - 1) / 2])
+
+
+@pytest.mark.mpi(min_size=2)
 def test_learning_rate_warmup_and_schedule():
     n = hvd.size()
     model = make_model()
