@@ -126,12 +126,15 @@ def run_fit(rt, rounds):
             grads, optimizer._rt_prefix, results_in_shared_buffers=False, **optimizer._rt_options)
         return optimizer
 
+    def distributed():
+        return hvd.DistributedOptimizer(keras.optimizers.SGD(0.01))
+
     modes = {
         "plain Keras (ceiling)": lambda: keras.optimizers.SGD(0.01),
         "host call copying the gradients, no communication": lambda: CopyingHostCall(0.01),
-        "DistributedOptimizer, copying path": lambda: copying_path(hvd.DistributedOptimizer(keras.optimizers.SGD(0.01))),
-        "DistributedOptimizer, shared buffers (default)": lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)),
-        "  the same, shm waits yield 2 ms before sleeping": lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)),
+        "DistributedOptimizer, copying path": lambda: copying_path(distributed()),
+        "DistributedOptimizer, shared buffers (default)": distributed,
+        "  the same, shm waits yield 2 ms before sleeping": distributed,
     }
     yield_s = {name: (2e-3 if "yield 2 ms" in name else watchdog.YIELD_S) for name in modes}
     rng = np.random.default_rng(1234 + rt.rank())
