@@ -11,6 +11,8 @@ from_numpy, a request still in flight (it holds its outputs) -- each holds a ref
 to an unreferenced block except through the pool, so the check cannot race with another thread. The price is up to
 KEEP blocks kept mapped after their last use, as every caching allocator keeps some.
 """
+import math
+import operator
 import sys
 import threading
 
@@ -29,7 +31,8 @@ class ResultPool:
 
     def empty(self, shape, dtype):
         dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        # math.prod, not np.prod: this runs on every allocating collective, and np.prod costs ~3.5 us
+        nbytes = (math.prod(shape) if hasattr(shape, "__len__") else operator.index(shape)) * dtype.itemsize
         if nbytes < self._min_bytes:
             return np.empty(shape, dtype=dtype)
         with self._lock:
