@@ -38,6 +38,12 @@ class Transport(abc.ABC):
         self.config = config
         self.watchdog = watchdog
 
+    def check_counts(self, buf, counts):
+        """ValueError on this rank unless counts has one entry per rank and splits buf exactly."""
+        if len(counts) != self.size or sum(counts) != buf.size:
+            raise ValueError(f"rank {self.rank}: counts {list(counts)} do not split a buffer of {buf.size} "
+                             f"elements into {self.size} blocks")
+
     def staging_buffer(self, nbytes):
         """A reusable 1-D uint8 buffer of >= nbytes the engine packs a fusion bucket into. Transports that
         reduce straight from shared memory return memory inside their shared window, so packing is the copy-in."""

@@ -120,7 +120,7 @@ class CudaIPCTransport(Transport):
         self._reduce_blocks(buf, counts, op, gather=True)
 
     def reducescatter(self, buf, counts, op):
-        self._check(buf, counts)
+        self.check_counts(buf, counts)
         self._reduce_blocks(buf, counts, op, gather=False)
 
     def _reduce_blocks(self, buf, counts, op, gather):
@@ -155,7 +155,7 @@ class CudaIPCTransport(Transport):
         kernels.batched_copy(pairs, self._stream)
 
     def allgather(self, buf, counts):
-        self._check(buf, counts)
+        self.check_counts(buf, counts)
         if self.size == 1 or buf.size == 0:
             return
         gpu.enter_comm_stream()
@@ -212,11 +212,6 @@ class CudaIPCTransport(Transport):
     def _copy(self, dst, src):
         """Byte copy on the comm stream (dtype-agnostic: cupy has no elementwise kernels for every dtype)."""
         kernels.batched_copy([(dst.reshape(-1), src.reshape(-1))], self._stream)
-
-    def _check(self, buf, counts):
-        if len(counts) != self.size or sum(counts) != buf.size:
-            raise ValueError(f"rank {self.rank}: counts {list(counts)} do not split {buf.size} elements "
-                             f"over {self.size} ranks")
 
     def close(self):
         if self._closed:

@@ -158,11 +158,6 @@ class HierarchicalTransport(Transport):
     def broadcast(self, buf, root):
         self.flat.broadcast(buf, root)
 
-    def _check_counts(self, buf, counts):
-        if len(counts) != self.size or sum(counts) != buf.size:
-            raise ValueError(f"rank {self.rank}: counts {list(counts)} do not split a buffer of {buf.size} "
-                             f"elements into {self.size} blocks")
-
     def _columns(self, buf, counts):
         """[views of this rank's column, one per node], [(node k's span of buf, its g counts)], on a grid."""
         g, j, starts = len(self._nodes[0]), self.intra.rank, offsets(counts)
@@ -172,7 +167,7 @@ class HierarchicalTransport(Transport):
         return column, spans
 
     def allgather(self, buf, counts):
-        self._check_counts(buf, counts)
+        self.check_counts(buf, counts)
         if not self._grid or buf.nbytes < self.hierarchy_min_bytes:
             self.flat.allgather(buf, counts)
             return
@@ -182,7 +177,7 @@ class HierarchicalTransport(Transport):
             self.intra.allgather(span, node_counts)
 
     def reducescatter(self, buf, counts, op):
-        self._check_counts(buf, counts)
+        self.check_counts(buf, counts)
         if not self._grid or buf.nbytes < self.hierarchy_min_bytes:
             self.flat.reducescatter(buf, counts, op)
             return

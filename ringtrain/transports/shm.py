@@ -220,9 +220,7 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
             self._collective(src, counts, op, reduce=True, gather=False, kind=2, out=dst)
 
     def _collective(self, buf, counts, op, reduce, gather, kind, out=None, scale=1.0):
-        if len(counts) != self.size or sum(counts) != buf.size:
-            raise ValueError(f"rank {self.rank}: counts {list(counts)} do not split a buffer of {buf.size} "
-                             f"elements into {self.size} blocks")
+        self.check_counts(buf, counts)
         if self.size == 1 or buf.size == 0:
             return
         r, n, itemsize = self.rank, self.size, buf.itemsize
