@@ -19,7 +19,8 @@ sequence number) and hands them in; other transports allocate a small window of 
 import numpy as np
 from mpi4py import MPI
 
-from ..errors import StallError, TransportError
+from ..errors import StallError
+from .mpi_util import one_node_comm
 
 LINE = 64                      # bytes of flags per rank: one cache line
 LINE_INT64 = LINE // 8
@@ -42,12 +43,7 @@ class FlagBarrier:
     @classmethod
     def on_node(cls, comm, watchdog, timeout_s, label):
         """Collective over comm, whose ranks must all share one node: a window of one line per rank."""
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-        if node.Get_size() != comm.Get_size():
-            node_size = node.Get_size()
-            node.Free()
-            raise TransportError(f"{label} needs every rank on one node, but rank {comm.Get_rank()} shares its "
-                                 f"node with {node_size} of {comm.Get_size()} ranks")
+        node = one_node_comm(comm, label)
         size = comm.Get_size()
         win = MPI.Win.Allocate_shared(size * LINE if node.Get_rank() == 0 else 0, 1, comm=node)
         win.Lock_all(MPI.MODE_NOCHECK)      # one passive epoch for the window's lifetime: Win.Sync is legal

@@ -35,6 +35,18 @@ class WireTypes:
         self._types = {1: MPI.BYTE}
 
 
+def one_node_comm(comm, needed_by, advice=""):
+    """comm's ranks as one shared-memory communicator (same rank order), for a transport that maps its peers'
+    memory; TransportError when some rank of comm lives on another node."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    if node.Get_size() != comm.Get_size():
+        node_size = node.Get_size()
+        node.Free()
+        raise TransportError(f"{needed_by} needs every rank on one node, but rank {comm.Get_rank()} shares its "
+                             f"node with {node_size} of {comm.Get_size()} ranks{advice}")
+    return node
+
+
 def raw(array):
     """The array's memory as a uint8 view (numpy can't export bfloat16 through the buffer protocol)."""
     return array.view(np.uint8)

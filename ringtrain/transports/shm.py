@@ -63,12 +63,7 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
         self._closed = True
         self._wire = mpi_util.WireTypes()
         self._limit = config.max_message_elements
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
-        if node.Get_size() != self.size:
-            node_size = node.Get_size()
-            node.Free()
-            raise TransportError(f"shm transport needs every rank on one node, but rank {self.rank} shares its "
-                                 f"node with {node_size} of {self.size} ranks; use transport 'mpi'")
+        node = mpi_util.one_node_comm(comm, "shm transport", "; use transport 'mpi'")
         self._node = node              # same rank order as comm (key=rank), so node rank == comm rank
         # whole cache lines; at least two int64 per rank so a chunk always has room for a piece of every block
         self.capacity = -(-max(int(config.fusion_threshold), 16 * self.size, LINE) // LINE) * LINE
