@@ -49,7 +49,6 @@ from 64 KB to 16 MB 0.91-1.69x for allgather and 1.07-1.18x for reducescatter --
 rank per node, and a lone rank would have to stand in for several -- not built. alltoall is always flat.
 AVERAGE arrives as SUM (transports/base.py); the engine scales.
 """
-import numpy as np
 from mpi4py import MPI
 
 from ..ops import scale_into
