@@ -77,13 +77,14 @@ def allreduce_gradients(grads, prefix, compression=Compression.none, op=Average,
         reduced = [w * tf.cast(prescale_factor * postscale_factor, w.dtype) if scales else w for w in wires]
     else:
         def run_in_shared_buffers(*arrays):
-            if not all(isinstance(functions._as_numpy(a), np.ndarray) for a in arrays):
+            host = [functions._as_numpy(a) for a in arrays]
+            if not all(isinstance(a, np.ndarray) for a in host):
                 return run(*arrays)                  # eager GPU tensors arrive as cupy arrays: the core's path
             results = [None] * len(arrays)
             for b, bucket in enumerate(buckets):     # one at a time: fused buckets would take the copying path
                 views = shared_buckets.allreduce_in_shared_buffer(
-                    [functions._as_numpy(arrays[j]) for j in bucket], f"{prefix}.bucket{b}", op,
-                    prescale_factor, postscale_factor, process_set)
+                    [host[j] for j in bucket], f"{prefix}.bucket{b}", op, prescale_factor, postscale_factor,
+                    process_set)
                 for j, view in zip(bucket, views):
                     results[j] = view
             return results
