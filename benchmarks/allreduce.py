@@ -83,22 +83,20 @@ WARMUP_CALLS = 10
 def time_collective(run_once, comm, target_batch_s, repeats):
     """Median over `repeats` batches of back-to-back calls; a batch is long enough to amortise timer noise.
     Every rank must make the same number of calls, so the batch length is agreed from the slowest warm-up."""
+    def slowest_call():
+        comm.Barrier()
+        start = time.perf_counter()
+        run_once()
+        seconds = np.array([time.perf_counter() - start])
+        comm.Allreduce(MPI.IN_PLACE, seconds, op=MPI.MAX)
+        return max(seconds[0], 1e-7)
+
     run_once()                      # first call pays setup (negotiation, buffer allocation, caches)
     # then warm up for WARMUP_S (at least WARMUP_CALLS calls, the same number on every rank): the first size of
     # the first implementation in a job otherwise also pays for cold caches and page faults of fresh buffers
-    comm.Barrier()
-    start = time.perf_counter()
-    run_once()
-    warm = np.array([time.perf_counter() - start])
-    comm.Allreduce(MPI.IN_PLACE, warm, op=MPI.MAX)
-    for _ in range(int(min(1000, max(WARMUP_CALLS, WARMUP_S / max(warm[0], 1e-7))))):
+    for _ in range(int(min(1000, max(WARMUP_CALLS, WARMUP_S / slowest_call())))):
         run_once()
-    comm.Barrier()
-    start = time.perf_counter()
-    run_once()
-    warm = np.array([time.perf_counter() - start])
-    comm.Allreduce(MPI.IN_PLACE, warm, op=MPI.MAX)
-    batch = int(min(1000, max(1, target_batch_s / max(warm[0], 1e-7))))
+    batch = int(min(1000, max(1, target_batch_s / slowest_call())))
     per_call = np.empty(repeats)
     for i in range(repeats):
         comm.Barrier()
