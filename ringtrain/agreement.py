@@ -211,23 +211,24 @@ class CycleAgreement(CoordinatorAgreement):
     def _run_cycle(self):
         c = self._cycle + 1
         exchange = self._exchange
-        now = time.monotonic()
-        wants = bool(self._handed) or (self._ready and min(self._ready_since.values()) < now - HANDOVER_S)
-        flags = (_WANTS_COORDINATOR if wants else 0) | (_COORDINATOR_BUSY if self.rank == 0 and super().owes() else 0)
+        ready = self._ready
+        wants = bool(self._handed) or (ready and min(self._ready_since.values()) < time.monotonic() - HANDOVER_S)
+        flags = _WANTS_COORDINATOR if wants else 0
+        if self.rank == 0 and CoordinatorAgreement.owes(self):
+            flags |= _COORDINATOR_BUSY
         eager = None
         if self._eager:
             cid = min(self._eager)
             eager = (cid, self._eager[cid].arrays[0])
-        exchange.publish(c, flags, self._ready, self._words, eager)
+        words = self._words
+        exchange.publish(c, flags, ready, words, eager)
         exchange.gather(c)
         self._cycle, self._dirty = c, False
-        any_flags = flags
-        ready = self._ready
         for p in self._peers:
-            any_flags |= exchange.flags(p)
+            flags |= exchange.flags(p)
             if ready:
-                ready &= exchange.bitmap(p, self._words)
-        if any_flags:
+                ready &= exchange.bitmap(p, words)
+        if flags:
             return self._slow_cycle(c)
         return self._fast_actions(ready)
 
@@ -239,9 +240,8 @@ class CycleAgreement(CoordinatorAgreement):
             return False
         exchange = self._exchange
         nbytes = req.arrays[0].nbytes
-        for p in range(self.size):
-            if exchange.eager_header(p) != [cid, nbytes]:
-                return False
+        if not exchange.eager_everywhere(cid, nbytes):
+            return False
         meta, out = req.meta, req.outs[0].reshape(-1)
         data = [exchange.eager_data(p, nbytes, out.dtype) for p in range(self.size)]
         postscale = meta.scales[1]
@@ -268,6 +268,8 @@ class CycleAgreement(CoordinatorAgreement):
                 singles.append(self._single_action(cid, eager))
             else:
                 allreduces.append((name, meta))
+        if not allreduces:
+            return singles
         return singles + fuse_allreduces(allreduces, self.config.fusion_threshold)
 
     def _single_action(self, cid, eager):

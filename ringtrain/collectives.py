@@ -68,7 +68,8 @@ def _submit(kind, array, name, op=-1, root=-1, scales=(1.0, 1.0), splits=(), out
     meta = _meta(kind, dt, array.shape, int(op), root, device, (float(scales[0]), float(scales[1])), tuple(splits))
     ops = ops_for(device)
     handle = Handle((name,), eng.drive)
-    eng.submit(Request(name, meta, (array,), (out,), handle, ops, ops.ready_event()), wake=not sync)
+    request = Request(name, meta, (array,), (out,), handle, ops, ops.ready_event())
+    eng.run(request) if sync else eng.submit(request)
     return handle
 
 
@@ -146,7 +147,8 @@ def _group_request(eng, name, arrays, outs, op, prescale_factor, postscale_facto
     meta = Meta(kind="allreduce", dtype=check_op_dtype(op, dtype), shape=(sum(sizes),), op=int(op), device=device,
                 scales=(float(prescale_factor), float(postscale_factor)), parts=tuple(sizes))
     handle = Handle((name,), eng.drive)
-    eng.submit(Request(name, meta, arrays, outs, handle, ops, ops.ready_event(), grouped=True), wake=not sync)
+    request = Request(name, meta, arrays, outs, handle, ops, ops.ready_event(), grouped=True)
+    eng.run(request) if sync else eng.submit(request)
     return handle
 
 

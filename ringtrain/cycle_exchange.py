@@ -7,7 +7,8 @@ snapshot. Two ways to move the slots, one interface:
   entered_by_peer(cycle) -> bool      has some peer already published cycle + 1? (an idle rank follows it in)
   publish(c, flags, bitmap, words, eager)   eager: (cache id, array) or None
   gather(c)                           wait for every rank's cycle-c slot; StallError naming the missing ranks
-  flags(p), bitmap(p, words), eager_header(p), eager_data(p, nbytes, dtype)   of cycle c's slot of rank p
+  flags(p), bitmap(p, words), eager_data(p, nbytes, dtype)   of cycle c's slot of rank p
+  eager_everywhere(cid, nbytes)       did every rank publish that eager allreduce in cycle c?
   close()
 
 WindowExchange (one node): the slots live in an MPI shared-memory window, two per rank (by the parity of c), and
@@ -32,14 +33,15 @@ MESSAGE_CYCLE_MAX_RANKS = 64
 
 
 class _SlotViews:
-    """Views into one slot's bytes: int64 header words, uint64 bitmap words, eager header and data."""
+    """One slot's bytes: header words [cycle, flags, eager id (-1: none), eager nbytes], the bitmap words, then
+    the eager data. Header and bitmap are memoryviews: a Python int in or out costs a third of a numpy scalar's,
+    and every cycle reads and writes a handful of them per rank."""
 
     def __init__(self, raw, words):
         ints = raw[:self.header_bytes(words)].view(np.int64)
-        self.cycle = ints[0:1]
-        self.flags = ints[1:2]
-        self.eager = ints[2:4]                   # [cache id or -1, nbytes]
-        self.bitmap = ints[4:4 + words].view(np.uint64)
+        self.header = memoryview(ints[:4])
+        self.bitmap_array = ints[4:4 + words].view(np.uint64)
+        self.bitmap = memoryview(self.bitmap_array)
         self.data = raw[self.header_bytes(words):]
         self._views = {}
 
@@ -57,16 +59,16 @@ class _SlotViews:
         return view
 
 
-def _write_bitmap(words_view, bitmap, words):
+def _write_bitmap(slot, bitmap, words):
     if words == 1:
-        words_view[0] = bitmap
+        slot.bitmap[0] = bitmap
     else:
-        words_view[:words] = np.frombuffer(bitmap.to_bytes(words * 8, "little"), dtype=np.uint64)
+        slot.bitmap_array[:words] = np.frombuffer(bitmap.to_bytes(words * 8, "little"), dtype=np.uint64)
 
 
 def _read_bitmap(words_view, words):
     if words == 1:
-        return int(words_view[0])
+        return words_view[0]
     return int.from_bytes(words_view[:words].tobytes(), "little")
 
 
@@ -87,13 +89,18 @@ class _Exchange:
         return self._slots[p][self._parity]
 
     def flags(self, p):
-        return int(self._slot(p).flags[0])
+        return self._slot(p).header[1]
 
     def bitmap(self, p, words):
         return _read_bitmap(self._slot(p).bitmap, words)
 
-    def eager_header(self, p):
-        return self._slot(p).eager.tolist()
+    def eager_everywhere(self, cid, nbytes):
+        """Did every rank (this one included) publish eager data `cid` of `nbytes` bytes in this cycle?"""
+        for pair in self._slots:
+            header = pair[self._parity].header
+            if header[2] != cid or header[3] != nbytes:
+                return False
+        return True
 
     def eager_data(self, p, nbytes, dtype):
         return self._slot(p).eager_data(nbytes, dtype)
@@ -102,15 +109,17 @@ class _Exchange:
         """Write our slot for cycle c; returns its length in bytes (header, plus eager data when there is some)."""
         self._parity = c % 2
         mine = self._slot(self.rank)
-        mine.cycle[0] = c
-        mine.flags[0] = flags
-        _write_bitmap(mine.bitmap, bitmap, words)
+        header = mine.header
+        header[0] = c
+        header[1] = flags
+        _write_bitmap(mine, bitmap, words)
         if eager is None:
-            mine.eager[0] = -1
+            header[2] = -1
             return _SlotViews.header_bytes(self._max_words)
         cid, array = eager
-        mine.eager[0], mine.eager[1] = cid, array.nbytes
-        mine.eager_data(array.nbytes, array.dtype)[...] = array.reshape(-1)
+        header[2] = cid
+        header[3] = array.nbytes
+        np.copyto(mine.eager_data(array.nbytes, array.dtype), array.reshape(-1))
         return _SlotViews.header_bytes(self._max_words) + array.nbytes
 
     def _stall(self, c, missing):
@@ -132,7 +141,7 @@ class WindowExchange(_Exchange):
         for p in range(self.size):
             mem, _ = self._win.Shared_query(p)
             raw = np.frombuffer(mem, dtype=np.uint8, count=per_rank)
-            published.append(raw[:8].view(np.int64))
+            published.append(memoryview(raw[:8].view(np.int64)))
             buffers.append((raw[_LINE:_LINE + self.slot_bytes], raw[_LINE + self.slot_bytes:]))
             if p == self.rank:
                 raw[:] = 0                     # MPI does not zero the window; each rank clears its own part
@@ -154,11 +163,14 @@ class WindowExchange(_Exchange):
         self._published[self.rank][0] = c
 
     def gather(self, c):
-        published, timeout = self._published, self.config.stall_timeout_s
-        missing = self.watchdog.wait_for_all(self.peers, lambda p: published[p][0] >= c, f"agreement cycle {c}",
-                                             timeout)
-        if missing:
-            self._stall(c, missing)
+        published = self._published
+        for p in self.peers:
+            if published[p][0] < c:       # someone is not there yet: the Watchdog's bounded wait
+                missing = self.watchdog.wait_for_all(self.peers, lambda p: published[p][0] >= c,
+                                                     f"agreement cycle {c}", self.config.stall_timeout_s)
+                if missing:
+                    self._stall(c, missing)
+                break
         self._win.Sync()
 
     def close(self):
@@ -221,7 +233,7 @@ class MessageExchange(_Exchange):
         if missing:
             self._stall(c, missing)
         for p in self.peers:
-            got = int(self._slots[p][c % 2].cycle[0])
+            got = self._slots[p][c % 2].header[0]
             assert got == c, f"rank {self.rank}: rank {p} sent its cycle {got} slot in cycle {c}"
         self._next = c + 1
         self._post_receives()

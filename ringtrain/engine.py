@@ -36,6 +36,7 @@ SPIN_PASSES = 50               # passes spent yielding the CPU right after activ
 FAST_POLL_S = 2e-5             # poll period while an answer is owed (the OS rounds it up to ~60 us)
 FAST_POLLS = 200               # ... for about the first 10 ms, then back off to cycle_time
 IDLE_SLEEP_S = 0.02            # background sleep with nothing in flight (wakes at once on an async submit)
+_EVENTS = frozenset(("shutdown", "abort", "warn", "error", "join_done"))   # Action kinds that are not collectives
 
 
 class Engine:
@@ -66,8 +67,20 @@ class Engine:
         self.thread.start()
 
     # ------------------------------------------------------------------------------------------------ caller side
-    def submit(self, request, wake=True):
-        """Queue a request. wake=False when the caller will drive it at once (a synchronous collective)."""
+    def submit(self, request):
+        """Queue a request for the engine (an asynchronous collective: the background thread takes it up)."""
+        self._admit(request)
+        self.queue.put(request)
+        self.wake.set()
+
+    def run(self, request):
+        """A synchronous collective: the caller drives the engine until `request` is done. When no one else is
+        running a pass the request skips the queue (after what this thread queued before it, so the order of
+        submission holds) and the caller's first pass starts from it."""
+        self._admit(request)
+        self._drive_until(request.handle.done, None, first=request)
+
+    def _admit(self, request):
         with self._state_lock:
             if self.failed is not None:
                 raise self.failed
@@ -77,9 +90,6 @@ class Engine:
                 raise ValueError(f"tensor name {request.name!r} is already in flight on rank {self.rank}; "
                                  "wait for it before reusing the name")
             self.submitted_names.add(request.name)
-        self.queue.put(request)
-        if wake:
-            self.wake.set()
 
     def join(self, handle):
         with self._state_lock:
@@ -126,29 +136,42 @@ class Engine:
         """Progress the engine on the caller's thread until `handle` is done (or the deadline passes)."""
         self._drive_until(handle.done, deadline)
 
-    def _drive_until(self, done, deadline):
+    def _drive_until(self, done, deadline, first=None):
         with self._state_lock:
             self._drivers += 1
         try:
             idle = 0
-            while not done() and not self.finished.is_set():
+            lock = self._progress_lock
+            while not self.finished.is_set() and (first is not None or not done()):
                 if deadline is not None and time.monotonic() > deadline:
                     return
-                if not self._progress_lock.acquire(blocking=False):
+                if not lock.acquire(blocking=False):
+                    if first is not None:     # someone is mid-pass: the request takes the queue after all
+                        self.queue.put(first)
+                        first = None
                     # the background thread is running a pass (likely this very collective): give it the CPU, but
                     # no OS sleep -- that would add ~60 us after it finishes
                     os.sched_yield()
                     continue
                 try:
+                    if first is not None:
+                        self._take_submissions()
+                        self._register(first)
+                        first = None
                     busy = self._guarded_pass()
                 finally:
-                    self._progress_lock.release()
+                    lock.release()
                 if busy:
                     idle = 0
                 else:
                     idle += 1
                     self._idle_wait(idle, owed=True)
         finally:
+            if first is not None:             # the engine stopped before the request could be registered
+                with self._state_lock:
+                    self.submitted_names.discard(first.name)
+                first.handle._set_error(self.failed or ShutdownError(
+                    f"rank {self.rank}: ringtrain was shut down before this collective completed"))
             with self._state_lock:
                 self._drivers -= 1
             if self.requests or not self.queue.empty():
@@ -213,31 +236,38 @@ class Engine:
         return busy
 
     def _take_submissions(self):
-        got = False
+        queue_ = self.queue
+        if queue_.empty():              # the usual case: cheaper than a get_nowait() raising Empty
+            return False
         while True:
             try:
-                item = self.queue.get_nowait()
+                item = queue_.get_nowait()
             except queue.Empty:
-                return got
-            got = True
+                return True
             if isinstance(item, tuple):
                 kind, handle = item
                 if kind == "join":
                     self.join_handle = handle
                 self.agreement.add_control(kind)
                 continue
-            item.handle.times["queued"] = time.perf_counter()
-            self.requests[item.name] = item
-            self.agreement.add(item)
+            self._register(item)
+
+    def _register(self, request):
+        """Progress lock held: the request is this engine's now."""
+        request.handle.times["queued"] = time.perf_counter()
+        self.requests[request.name] = request
+        self.agreement.add(request)
 
     # ------------------------------------------------------------------------------------------------ actions
     def _execute(self, actions):
         for action in actions:
             kind = action.kind
-            if kind == "shutdown":
+            if kind not in _EVENTS:
+                self._run_collective(action)
+            elif kind == "shutdown":
                 self._finish_shutdown()
                 return
-            if kind == "abort":
+            elif kind == "abort":
                 self._fail(StallError(action.message))
             elif kind == "warn":
                 log.warning("rank %d: %s", self.rank, action.message)
@@ -248,19 +278,20 @@ class Engine:
                 if self.join_handle is not None:
                     self.join_handle._set_result(action.rank)
                     self.join_handle = None
-            else:
-                reqs = self._running = [self._take(name) for name in action.names]
-                try:
-                    self.executor.run(action, reqs)
-                except RankFailureError:
-                    raise               # fatal to the engine: _fail() errors self._running too
-                except Exception as e:  # a local failure on one collective must not take the engine down
-                    wrapped = e if isinstance(e, RingtrainError) else RingtrainError(
-                        f"rank {self.rank}: {kind} of {', '.join(map(repr, action.names[:4]))} failed: {e!r}")
-                    for r in reqs:
-                        if r is not None:
-                            r.handle._set_error(wrapped)
-                self._running = ()
+
+    def _run_collective(self, action):
+        reqs = self._running = [self._take(name) for name in action.names]
+        try:
+            self.executor.run(action, reqs)
+        except RankFailureError:
+            raise               # fatal to the engine: _fail() errors self._running too
+        except Exception as e:  # a local failure on one collective must not take the engine down
+            wrapped = e if isinstance(e, RingtrainError) else RingtrainError(
+                f"rank {self.rank}: {action.kind} of {', '.join(map(repr, action.names[:4]))} failed: {e!r}")
+            for r in reqs:
+                if r is not None:
+                    r.handle._set_error(wrapped)
+        self._running = ()
 
     def _take(self, name):
         req = self.requests.pop(name, None)

@@ -31,10 +31,10 @@ class _OpStats:
 
     def add(self, nbytes, seconds):
         self.count += 1
-        self.nbytes += int(nbytes)
-        self.seconds += float(seconds)
+        self.nbytes += nbytes
+        self.seconds += seconds
         if len(self.samples) < RESERVOIR_SIZE:
-            self.samples.append(float(seconds))
+            self.samples.append(seconds)
         else:  # reservoir sampling (Algorithm R): each sample kept with probability RESERVOIR_SIZE / count
             slot = self._rng.randrange(self.count)
             if slot < RESERVOIR_SIZE:
@@ -49,6 +49,7 @@ class CommStats:
         self._ops = {}
 
     def record(self, op_kind, nbytes, seconds):
+        nbytes, seconds = int(nbytes), float(seconds)
         with self._lock:
             stats = self._ops.get(op_kind)
             if stats is None:
