@@ -68,6 +68,10 @@ class CoordinatorAgreement:
         self._flush_items()
         self._outbox.append((kind,))
 
+    def express(self, name, meta, array, out, make_request):
+        """No express path when every decision goes through rank 0 (see CycleAgreement.express)."""
+        return None
+
     def _flush_items(self):
         if self._items:
             self._outbox.append(("submit", self._items))
@@ -238,16 +242,55 @@ class CycleAgreement(CoordinatorAgreement):
         req = self._eager.get(cid)
         if req is None:
             return False
-        exchange = self._exchange
         nbytes = req.arrays[0].nbytes
-        if not exchange.eager_everywhere(cid, nbytes):
+        if not self._exchange.eager_everywhere(cid, nbytes):
             return False
-        meta, out = req.meta, req.outs[0].reshape(-1)
+        self._reduce_eager(req.meta, req.outs[0].reshape(-1), nbytes)
+        return True
+
+    def _reduce_eager(self, meta, out, nbytes):
+        exchange = self._exchange
         data = [exchange.eager_data(p, nbytes, out.dtype) for p in range(self.size)]
         postscale = meta.scales[1]
         scale = postscale / self.size if meta.op == ops.ReduceOp.AVERAGE else postscale
         ops.reduce_in_rank_order(out, data, meta.op, scale)
-        return True
+
+    # ---- express -------------------------------------------------------------------------------------------
+    def express(self, name, meta, array, out, make_request):
+        """One cycle for one small cached host allreduce when nothing else is pending on this rank: what add() and
+        poll() would do, minus their bookkeeping. Publish its id as our only ready bit with its data, gather, and
+        if no rank raised a flag and every rank published the same eager id, reduce into `out`: True. Any other
+        snapshot: make_request(name, meta, array, out) registers the request with the engine, the agreement takes
+        the state add() would have left, and the cycle's actions are returned for the engine to run -- the same
+        actions every other rank computes from the same snapshot. None (nothing done) when the fast path does not
+        apply: something pending, a name not cached yet, or too large for a slot."""
+        if self._ready or self._handed or self._dirty or not 0 < array.nbytes <= EAGER_BYTES:
+            return None
+        key = (name, meta)
+        cid = self.cache.get(key)
+        if cid is None:
+            return None
+        exchange = self._exchange
+        c = self._cycle + 1
+        flags = _COORDINATOR_BUSY if self.rank == 0 and CoordinatorAgreement.owes(self) else 0
+        bit = 1 << cid
+        words = self._words
+        exchange.publish(c, flags, bit, words, (cid, array))
+        exchange.gather(c)
+        self._cycle = c
+        ready = bit
+        for p in self._peers:
+            flags |= exchange.flags(p)
+            ready &= exchange.bitmap(p, words)
+        if not flags and ready and exchange.eager_everywhere(cid, array.nbytes):
+            self._reduce_eager(meta, out.reshape(-1), array.nbytes)
+            return True
+        request = make_request(name, meta, array, out)
+        self._ids[cid] = key
+        self._eager[cid] = request
+        self._ready = bit
+        self._ready_since[cid] = time.monotonic()
+        return self._slow_cycle(c) if flags else self._fast_actions(ready)
 
     def _fast_actions(self, ready):
         """The ids ready on every rank, in id order: single actions first, then allreduces fused into buckets.

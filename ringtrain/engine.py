@@ -27,6 +27,8 @@ from .agreement import make_agreement
 from .errors import RankFailureError, RingtrainError, ShutdownError, StallError
 from .executor import Executor
 from .fusion import HOST_OPS
+from .handle import Handle
+from .request import Request
 from .watchdog import Watchdog
 
 log = logging.getLogger("ringtrain")
@@ -215,16 +217,63 @@ class Engine:
             return False
         try:
             return self._pass()
-        except RankFailureError as e:
+        except BaseException as e:
+            self._pass_failed(e)
+        return False
+
+    def _pass_failed(self, e):
+        """Whatever a pass raised becomes the engine's failure (KeyboardInterrupt and SystemExit go on up)."""
+        if isinstance(e, RankFailureError):
             self._fail(e, fatal_peer=True)
-        except (KeyboardInterrupt, SystemExit) as e:
+        elif isinstance(e, (KeyboardInterrupt, SystemExit)):
             self._fail(RingtrainError(f"rank {self.rank}: interrupted inside a collective ({e!r}); the engine "
                                       "stopped"), stop=True)
-            raise
-        except BaseException as e:  # a bug in ringtrain itself: never leave callers waiting forever
-            log.exception("rank %d: ringtrain engine crashed", self.rank)
+            raise e
+        else:  # a bug in ringtrain itself: never leave callers waiting forever
+            log.error("rank %d: ringtrain engine crashed", self.rank, exc_info=e)
             self._fail(RingtrainError(f"ringtrain engine on rank {self.rank} crashed: {e!r}"), stop=True)
-        return False
+
+    # ------------------------------------------------------------------------------------------------ express
+    def express(self, name, meta, array, out):
+        """A synchronous allreduce of one small host array, tried in one agreement cycle on the caller's thread with
+        no request, handle or queue (agreement.CycleAgreement.express): True when `out` holds the result; a Handle
+        when the cycle decided otherwise and the collective continues on the general path; None when it does not
+        apply (something else in flight, a first sighting, a timeline being written) and nothing was done."""
+        if self.requests or self.join_handle is not None or self.executor.timeline is not None:
+            return None
+        lock = self._progress_lock
+        if not lock.acquire(blocking=False):
+            return None
+        try:
+            if (self.failed is not None or self.shutdown_requested or self.finished.is_set() or self.requests
+                    or not self.queue.empty()):
+                return None
+            outcome = self.agreement.express(name, meta, array, out, self._express_request)
+            if outcome is None:
+                return None
+            if outcome is True:
+                self.executor.stats.record("allreduce", array.nbytes, 0.0)
+                return True
+            handle = self.requests[name].handle
+            self._execute(outcome)
+            return handle
+        except BaseException as e:
+            self._pass_failed(e)
+            request = self.requests.get(name)
+            if request is not None:        # _fail() put the error on its handle
+                return request.handle
+            raise self.failed from e
+        finally:
+            lock.release()
+
+    def _express_request(self, name, meta, array, out):
+        """The request an express allreduce becomes when its cycle did not finish it (progress lock held)."""
+        with self._state_lock:
+            self.submitted_names.add(name)
+        request = Request(name, meta, (array,), (out,), Handle((name,), self.drive), HOST_OPS)
+        request.handle.times["queued"] = request.handle.times["submitted"]
+        self.requests[name] = request
+        return request
 
     def _pass(self):
         busy = self._take_submissions()

@@ -58,6 +58,7 @@ class Mutant:
 FUSED = "tests/parallel/test_fused_allreduce.py"
 OPTIMIZER_REFERENCE = "tests/parallel/test_optimizer_reference.py"
 HIERARCHICAL = "tests/parallel/test_hierarchical.py"
+EXPRESS = "tests/parallel/test_express.py"
 
 MUTANTS = [
     Mutant("shm_reduce_skips_a_peer", "ringtrain/transports/shm.py",
@@ -222,6 +223,21 @@ MUTANTS = [
            (Tests(("tests/test_watchdog.py",)),
             Tests(("tests/test_faults.py",), select="sigkill_mid_allreduce and 2")),
            "a dead peer is never noticed"),
+    Mutant("express_trusts_its_own_eager_header", "ringtrain/cycle_exchange.py",
+           "        for pair in self._slots:\n            header = pair[self._parity].header",
+           "        for pair in self._slots[self.rank:self.rank + 1]:\n            header = pair[self._parity].header",
+           (Tests((EXPRESS,), ranks=2, select="other_eager_data"),),
+           "a rank reduces the cycle's slots eagerly although a peer published another tensor's data there"),
+    Mutant("express_fallback_forgets_the_ready_bit", "ringtrain/agreement.py",
+           "        self._ready = bit\n",
+           "",
+           (Tests((EXPRESS,), ranks=2, select="late_peer or new_tensor"),),
+           "an express call that did not finish in its cycle is never offered again: the early ranks stall"),
+    Mutant("express_fallback_skips_the_slow_cycle", "ringtrain/agreement.py",
+           "return self._slow_cycle(c) if flags else self._fast_actions(ready)",
+           "return self._fast_actions(ready)",
+           (Tests((EXPRESS,), ranks=2, select="new_tensor"),),
+           "an express cycle a peer flagged is not handed to the coordinator: ranks decide differently"),
     Mutant("watchdog_takes_zombies_for_alive", "ringtrain/watchdog.py",
            'return state not in (b"Z", b"X")',
            "return True",

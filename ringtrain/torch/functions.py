@@ -98,7 +98,7 @@ def to_array(tensor):
     if t.is_cuda:
         from ringtrain.gpu import from_dlpack  # GPU path only: keeps cupy out of CPU-only processes
         return from_dlpack(t)
-    if t.device.type != "cpu":
+    if not t.is_cpu:                # (t.device builds an object: 1.5 us, a tenth of a small allreduce)
         raise TypeError(f"tensors on device {t.device} are not supported; use cpu or cuda")
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(_BFLOAT16)

@@ -1,0 +1,109 @@
+"""The express path (Engine.express): a synchronous small allreduce, cached, with nothing else in flight, runs as one
+agreement cycle on the caller's thread with no request or handle. When that cycle's snapshot says anything else --
+a peer is not there yet, a peer flagged the cycle, a peer published other eager data -- the call must become an
+ordinary request and still end with the right result on every rank."""
+import time
+
+import numpy as np
+import pytest
+
+import ringtrain as rt
+from ringtrain import state
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+
+def inputs(n, salt):
+    return [(np.arange(n) % 7 + 3 * r + salt).astype(np.float32) for r in range(rt.size())]
+
+
+@pytest.fixture
+def fallbacks(monkeypatch):
+    """Names of the express calls on this rank that became ordinary requests."""
+    eng = state.engine()
+    made = []
+    original = eng._express_request
+
+    def spy(name, *args):
+        made.append(name)
+        return original(name, *args)
+    monkeypatch.setattr(eng, "_express_request", spy)
+    return made
+
+
+def test_a_cached_small_allreduce_completes_in_its_own_cycle(fallbacks):
+    x = inputs(100, 1)
+    want_sum, want_avg = sum(x), sum(x) / rt.size()
+    for call in range(20):
+        out = rt.allreduce(x[rt.rank()], op=rt.Sum, name="express.sum")
+        np.testing.assert_array_equal(out, want_sum, err_msg=f"call {call}")
+        inplace = x[rt.rank()].copy()
+        rt.allreduce(inplace, name="express.avg", out=inplace, postscale_factor=2.0)
+        np.testing.assert_allclose(inplace, 2.0 * want_avg, rtol=1e-6, err_msg=f"call {call}")
+    assert not state.engine().requests
+    # 40 calls, 2 first sightings: after them every call is express (a peer's idle engine thread may join a cycle
+    # early and force one fallback now and then, not dozens)
+    assert len(fallbacks) <= 6, f"rank {rt.rank()}: {len(fallbacks)} of 38 cached calls left the express path"
+
+
+def test_a_late_peer_is_waited_for(fallbacks):
+    """Every rank but the last calls at once; the last arrives 0.3 s later. The early ranks' express cycle either
+    waits for it or (when the late rank's idle engine thread joins that cycle first) becomes a request: the same
+    result either way."""
+    x = inputs(257, 2)
+    late = rt.rank() == rt.size() - 1
+    rt.allreduce(x[rt.rank()], op=rt.Sum, name="express.late")       # first sighting: cached from now on
+    for call in range(3):
+        rt.barrier()
+        if late:
+            time.sleep(0.3)
+        out = rt.allreduce(x[rt.rank()], op=rt.Sum, name="express.late")
+        np.testing.assert_array_equal(out, sum(x), err_msg=f"call {call}")
+    assert not state.engine().requests
+
+
+def test_a_peer_with_a_new_tensor_in_flight_flags_the_express_cycle(fallbacks):
+    """The last rank first submits a never-seen tensor (a slow cycle through the coordinator) and only then the
+    cached one: the others' express cycle sees its flag or misses its bit, and still reduces both correctly."""
+    x, fresh = inputs(64, 3), inputs(5, 4)
+    late = rt.rank() == rt.size() - 1
+    rt.allreduce(x[rt.rank()], op=rt.Sum, name="express.flagged")
+    for call in range(3):
+        rt.barrier()
+        name = f"express.fresh.{call}"
+        if late:
+            handle = rt.allreduce_async(fresh[rt.rank()], op=rt.Sum, name=name)
+            time.sleep(0.3)
+            out = rt.allreduce(x[rt.rank()], op=rt.Sum, name="express.flagged")
+            other = handle.wait()
+        else:
+            out = rt.allreduce(x[rt.rank()], op=rt.Sum, name="express.flagged")
+            other = rt.allreduce(fresh[rt.rank()], op=rt.Sum, name=name)
+        np.testing.assert_array_equal(out, sum(x), err_msg=f"call {call}")
+        np.testing.assert_array_equal(other, sum(fresh), err_msg=f"call {call}")
+    if not late:
+        assert fallbacks.count("express.flagged") == 3, fallbacks
+
+
+def test_a_peer_publishing_other_eager_data_sends_the_call_through_the_executor(fallbacks):
+    """The last rank has another small cached allreduce in flight (with the lower cache id, so its data is what it
+    publishes) when it calls the one the others call: no rank may reduce the slots eagerly for that cycle."""
+    first, second = inputs(33, 5), inputs(48, 6)
+    late = rt.rank() == rt.size() - 1
+    rt.allreduce(first[rt.rank()], op=rt.Sum, name="express.lower_id")       # cached first: the lower id
+    rt.allreduce(second[rt.rank()], op=rt.Sum, name="express.higher_id")
+    for call in range(3):
+        rt.barrier()
+        if late:
+            handle = rt.allreduce_async(first[rt.rank()], op=rt.Sum, name="express.lower_id")
+            out = rt.allreduce(second[rt.rank()], op=rt.Sum, name="express.higher_id")
+            low = handle.wait()
+        else:
+            time.sleep(0.3)
+            out = rt.allreduce(second[rt.rank()], op=rt.Sum, name="express.higher_id")
+            low = rt.allreduce(first[rt.rank()], op=rt.Sum, name="express.lower_id")
+        np.testing.assert_array_equal(out, sum(second), err_msg=f"call {call}")
+        np.testing.assert_array_equal(low, sum(first), err_msg=f"call {call}")
+    if not late:
+        assert fallbacks.count("express.higher_id") == 3, fallbacks
+    assert not state.engine().requests
