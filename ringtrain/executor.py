@@ -110,8 +110,10 @@ class Executor:
             # one array (a single tensor, or an optimizer's flat bucket): no pack, no unpack -- the transport
             # copies in only what peers read and reduces straight into the output
             t0 = time.perf_counter()
-            self.transport(meta.device).allreduce_out(sources[0].reshape(-1), targets[0].reshape(-1),
-                                                      ReduceOp(meta.op), scale)
+            src = sources[0].reshape(-1)
+            # in place stays in place: two views of one buffer would make the transport copy it onto itself first
+            dst = src if targets[0] is sources[0] else targets[0].reshape(-1)
+            self.transport(meta.device).allreduce_out(src, dst, ReduceOp(meta.op), scale)
             if self.timeline is not None:
                 self.timeline.span(reqs[0].name, "ring", t0, time.perf_counter())
         else:
