@@ -133,19 +133,19 @@ def test_gradient_buckets_match_numpy(mode, shared):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_results_in_shared_buffers_live_until_the_call_after_next():
-    """DistributedOptimizer's path: results are 64-byte-aligned views of two persistent buffers per bucket, used
-    alternately -- call k's results are still right after call k+1, and call k+2 reuses call k's memory (no
-    allocation per step, no copy into TensorFlow)."""
+def test_results_in_shared_buffers_are_one_reused_buffer_per_bucket():
+    """DistributedOptimizer's path: results are 64-byte-aligned views of ONE persistent buffer per bucket -- call k's
+    results are right, and call k+1 reuses call k's memory (no allocation per step, no second buffer to pull through
+    the cache, no copy into TensorFlow). Several buckets of identical shapes in one call each keep their own buffer."""
     from ringtrain.tensorflow.gradients import allreduce_gradients
     n, r = hvd.size(), hvd.rank()
     specs = [((3, 5), np.float32), ((7,), np.float32), ((), np.float32), ((64, 33), np.float32)]
 
-    def call(k):
+    def call(k, specs=specs, **options):
         grads = [tf.constant(gradient_value(r + 5 * k, i, shape, dtype)) for i, (shape, dtype) in enumerate(specs)]
-        return allreduce_gradients(grads, "lifetime", results_in_shared_buffers=True)
+        return allreduce_gradients(grads, "lifetime", results_in_shared_buffers=True, **options)
 
-    def check(k, results):
+    def check(k, results, specs=specs):
         for i, ((shape, _), got) in enumerate(zip(specs, results)):
             expected = np.mean([gradient_value(q + 5 * k, i, shape, np.float64) for q in range(n)], axis=0)
             np.testing.assert_allclose(got.numpy(), expected, rtol=1e-6, err_msg=f"call {k}, tensor {i}")
@@ -154,13 +154,17 @@ def test_results_in_shared_buffers_live_until_the_call_after_next():
         return [np.from_dlpack(t).ctypes.data for t in results]
 
     first = call(0)
-    second = call(1)
     check(0, first)
+    first_addresses = addresses(first)
+    assert all(a % 64 == 0 for a in first_addresses)
+    second = call(1)
     check(1, second)
-    assert all(a % 64 == 0 for a in addresses(first) + addresses(second))
-    third = call(2)
-    check(2, third)
-    assert addresses(third) == addresses(first) and addresses(second) != addresses(first)
+    assert addresses(second) == first_addresses
+    # three buckets (a 256-byte cap), one (8, 8) float32 tensor each: same shapes, different buckets
+    same = [((8, 8), np.float32)] * 3
+    results = call(2, same, bucket_cap_mb=256 / (1 << 20))
+    check(2, results, same)
+    assert len(set(addresses(results))) == 3
 
 
 @pytest.mark.mpi(min_size=2)

@@ -117,6 +117,21 @@ def test_keras_fit_adam_equals_one_process(mode, passes):
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("passes", [1, 2])
+def test_keras_fit_several_steps_per_execution_equals_one_process(passes):
+    """steps_per_execution=5: five train steps in one traced loop, so step k+1's host call overwrites the shared
+    buffer whose views step k's update read -- the update must have consumed them by then."""
+    x, y = global_data()
+    model = make_model()
+    model.compile(optimizer=hvd.DistributedOptimizer(adam(), backward_passes_per_step=passes), loss=LOSS,
+                  steps_per_execution=5, jit_compile=False)
+    model.fit(shard(x), shard(y), batch_size=BATCH_PER_RANK, epochs=1, shuffle=False, verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == STEPS // passes
+    assert_same_everywhere_and_equal([w.numpy() for w in model.trainable_variables],
+                                     reference_weights(adam, passes_per_step=passes))
+
+
+@pytest.mark.mpi(min_size=2)
 def test_broadcast_callback_equalizes_divergent_weights():
     root = hvd.size() - 1
     model = make_model(seed=100 * hvd.rank())             # different initial weights on every rank
