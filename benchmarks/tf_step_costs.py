@@ -6,10 +6,13 @@
 Part 1, the core alone on numpy arrays of the gradients' shapes, per call (wall on rank 0; CPU = process CPU time of
 all threads, mean over ranks): the two paths the binding uses, the shm transport alone on the same bytes (the
 floor: pack into the shared window + its allreduce), its pieces, and a 4-byte allreduce (the engine's per-call cost).
-Part 2, model.fit at 40 steps per call, per step: plain Keras (the no-communication ceiling), a host call that only
-copies the gradients (the tf.numpy_function mechanism's own cost), DistributedOptimizer on the copying path
-(DistributedGradientTape's) and on its shared-buffer path (the default), and the latter with the shm barrier's
-sched_yield phase stretched from 0.2 ms to 2 ms (watchdog.YIELD_S: what its OS sleeps cost in wall time).
+Part 2, model.fit at 40 steps per call, per step: plain Keras (the no-communication ceiling); a host call that
+returns persistent arrays without touching the gradients (the tf.numpy_function mechanism alone), the same with a
+4-byte allreduce (the ranks in lockstep, no gradient traffic), and one that copies the gradients into fresh arrays; DistributedOptimizer on the copying path (DistributedGradientTape's), on its shared-buffer
+path (the default: one buffer per bucket) and on tf12c's two alternating buffers, and the default with the shm
+barrier's sched_yield phase stretched from 0.2 ms to 2 ms (watchdog.YIELD_S: what its OS sleeps cost in wall time);
+and a split step that takes the allreduce out of the traced step (compiled gradients, eager average on zero-copy
+views, compiled apply).
 Modes run interleaved in rounds; medians are reported. Numbers vary run to run on a shared machine: compare modes
 within one run.
 """
@@ -26,6 +29,17 @@ import numpy as np  # noqa: E402
 
 SHAPES = [(784, 1024), (1024,), (1024, 1024), (1024,), (1024, 10), (10,)]
 BATCH, STEPS, WARMUP = 64, 40, 5
+
+
+def two_buffers(fn):
+    """fn() with shared_buckets' tf12c layout: two buffers per bucket used alternately (it applies to buckets that
+    fn creates)."""
+    from ringtrain.tensorflow import shared_buckets
+    default, shared_buckets.BUFFERS_PER_BUCKET = shared_buckets.BUFFERS_PER_BUCKET, 2
+    try:
+        return fn()
+    finally:
+        shared_buckets.BUFFERS_PER_BUCKET = default
 
 
 def core_paths(rt, tf_arrays, shared_buckets):
@@ -53,8 +67,10 @@ def core_paths(rt, tf_arrays, shared_buckets):
     paths = {
         "grouped allreduce, fresh outputs (tape)": lambda: rt.grouped_allreduce(
             grads, outs=[tf_arrays.aligned_empty(g.shape, g.dtype) for g in grads], name="costs.grouped"),
-        "shared buffers in place (optimizer)": lambda: shared_buckets.allreduce_in_shared_buffer(
+        "shared buffer in place (optimizer)": lambda: shared_buckets.allreduce_in_shared_buffer(
             grads, "costs.shared", rt.Average, 1.0, 1.0, rt.global_process_set),
+        "  two shared buffers, alternating (tf12c)": lambda: two_buffers(lambda: shared_buckets.allreduce_in_shared_buffer(
+            grads, "costs.shared2", rt.Average, 1.0, 1.0, rt.global_process_set)),
         "shm transport alone: pack + allreduce": transport_pack_and_allreduce,
         "  its pack alone (numpy copy)": lambda: pack(staging),
         "  its allreduce alone": lambda: transport.allreduce(staging, ReduceOp.MAX),
@@ -121,6 +137,38 @@ def run_fit(rt, rounds):
                 out.set_shape(grad.shape)
             return super().apply(outs, trainable_variables)
 
+    persistent = {}
+
+    def no_copy(*arrays):
+        # the mechanism alone: TF's inputs arrive as views, persistent aligned outputs are adopted without a copy
+        key = tuple(a.shape for a in arrays)
+        if key not in persistent:
+            persistent[key] = [np.zeros(a.shape, a.dtype) if a.ndim == 0 else tf_arrays.aligned_empty(a.shape, a.dtype)
+                               for a in arrays]
+            for out in persistent[key]:
+                out[...] = 0
+        return persistent[key]
+
+    tiny = np.ones(1, np.float32)
+
+    def lockstep(*arrays):
+        # the same, plus one 4-byte allreduce: the ranks wait for each other every step, no gradient traffic
+        rt.allreduce(tiny, name="costs.lockstep")
+        return no_copy(*arrays)
+
+    class NoCopyHostCall(keras.optimizers.SGD):
+        host_fn = staticmethod(no_copy)
+
+        def apply(self, grads, trainable_variables=None):
+            grads = list(grads)
+            outs = tf.numpy_function(timed(self.host_fn), grads, [g.dtype for g in grads], stateful=True)
+            for out, grad in zip(outs, grads):
+                out.set_shape(grad.shape)
+            return super().apply(outs, trainable_variables)
+
+    class Lockstep(NoCopyHostCall):
+        host_fn = staticmethod(lockstep)
+
     def copying_path(optimizer):
         optimizer._rt_allreduce = lambda grads, variables: gradients.allreduce_gradients(
             grads, optimizer._rt_prefix, results_in_shared_buffers=False, **optimizer._rt_options)
@@ -131,10 +179,14 @@ def run_fit(rt, rounds):
 
     modes = {
         "plain Keras (ceiling)": lambda: keras.optimizers.SGD(0.01),
+        "host call returning persistent arrays, no copy": lambda: NoCopyHostCall(0.01),
+        "  the same + a 4-byte allreduce (lockstep)": lambda: Lockstep(0.01),
         "host call copying the gradients, no communication": lambda: CopyingHostCall(0.01),
         "DistributedOptimizer, copying path": lambda: copying_path(distributed()),
-        "DistributedOptimizer, shared buffers (default)": distributed,
-        "  the same, shm waits yield 2 ms before sleeping": distributed,
+        "DistributedOptimizer, one shared buffer (default)": distributed,
+        "  two shared buffers, alternating (tf12c)": distributed,
+        "  the default, shm waits yield 2 ms before sleeping": distributed,
+        "split step: compiled grads, eager average, compiled apply": lambda: keras.optimizers.SGD(0.01),
     }
     yield_s = {name: (2e-3 if "yield 2 ms" in name else watchdog.YIELD_S) for name in modes}
     rng = np.random.default_rng(1234 + rt.rank())
@@ -149,16 +201,48 @@ def run_fit(rt, rounds):
         def on_train_batch_end(self, batch, logs=None):
             self.last = time.perf_counter()
 
+    class SplitStep(keras.Sequential):
+        """The allreduce taken out of the traced step: a compiled function returns the gradients, the host averages
+        them eagerly (zero-copy views, the optimizer's shared-buffer path), a compiled function applies them."""
+
+        def make_train_function(self, force=False):
+            if self.train_function is not None and not force:
+                return self.train_function
+            model = self
+
+            @tf.function(reduce_retracing=True)
+            def gradients_of(data):
+                x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
+                with tf.GradientTape() as tape:
+                    y_pred = model(x, training=True)
+                    loss = model._compute_loss(x=x, y=y, y_pred=y_pred, training=True)
+                    model._loss_tracker.update_state(loss, sample_weight=tf.shape(x)[0])
+                return tape.gradient(loss, model.trainable_weights), model.compute_metrics(x, y, y_pred)
+
+            @tf.function(reduce_retracing=True)
+            def apply(grads):
+                model.optimizer.apply(grads, model.trainable_weights)
+
+            def train_function(iterator):
+                grads, logs = gradients_of(next(iterator))
+                apply(gradients.allreduce_gradients(grads, "split", results_in_shared_buffers=True))
+                return logs
+
+            self.train_function = train_function
+            return train_function
+
     models = {}
     for name, make in modes.items():
         init = keras.initializers.GlorotUniform
-        model = keras.Sequential([keras.Input((784,)),
+        model = (SplitStep if name.startswith("split") else keras.Sequential)([keras.Input((784,)),
                                   keras.layers.Dense(1024, activation="relu", kernel_initializer=init(seed=1)),
                                   keras.layers.Dense(1024, activation="relu", kernel_initializer=init(seed=2)),
                                   keras.layers.Dense(10, kernel_initializer=init(seed=3))])
         model.compile(optimizer=make(), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       jit_compile=False)
-        model.fit(x[:WARMUP * BATCH], y[:WARMUP * BATCH], batch_size=BATCH, epochs=1, verbose=0, shuffle=False)
+        warm_up = lambda: model.fit(x[:WARMUP * BATCH], y[:WARMUP * BATCH], batch_size=BATCH, epochs=1, verbose=0,
+                                    shuffle=False)    # noqa: E731 (builds the buckets: tf12c's layout where named)
+        two_buffers(warm_up) if "tf12c" in name else warm_up()
         models[name] = model
     table = {name: [] for name in modes}
     default_yield = watchdog.YIELD_S
@@ -211,7 +295,7 @@ def main():
         for name, rows in fit.items():
             med = np.median(np.array(rows), axis=0)
             print(f"{name:52s} {med[0]:5.1f} / {med[1]:5.1f} / {med[2]:4.2f} / {med[3]:4.2f}"
-                  f"    weights {'in sync' if in_sync[name] or name.startswith(('plain', 'host')) else 'DIFFER'}"
+                  f"    weights {'in sync' if in_sync[name] or name.startswith(('plain', 'host')) or 'lockstep' in name else 'DIFFER'}"
                   f"    ({'  '.join('/'.join(f'{v:.1f}' for v in r) for r in rows)})")
         if args.json:
             with open(args.json, "w") as f:
