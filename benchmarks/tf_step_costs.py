@@ -8,10 +8,10 @@ all threads, mean over ranks): the two paths the binding uses, the shm transport
 floor: pack into the shared window + its allreduce), its pieces, and a 4-byte allreduce (the engine's per-call cost).
 Part 2, model.fit at 40 steps per call, per step: plain Keras (the no-communication ceiling); a host call that
 returns persistent arrays without touching the gradients (the tf.numpy_function mechanism alone), the same with a
-4-byte allreduce (the ranks in lockstep, no gradient traffic), and one that copies the gradients into fresh arrays; DistributedOptimizer on the copying path (DistributedGradientTape's), on its shared-buffer
-path (the default: one buffer per bucket) and on tf12c's two alternating buffers, and the default with the shm
-barrier's sched_yield phase stretched from 0.2 ms to 2 ms (watchdog.YIELD_S: what its OS sleeps cost in wall time);
-and a split step that takes the allreduce out of the traced step (compiled gradients, eager average on zero-copy
+4-byte allreduce (the ranks in lockstep, no gradient traffic), and one that copies the gradients into fresh arrays;
+DistributedOptimizer on the copying path (DistributedGradientTape's), on its shared-buffer path (the default: one
+buffer per bucket) and on tf12c's two alternating buffers, and the default with the shm barrier's sched_yield phase
+stretched from 0.2 ms to 2 ms (watchdog.YIELD_S: what its OS sleeps cost in wall time); and a split step that takes the allreduce out of the traced step (compiled gradients, eager average on zero-copy
 views, compiled apply).
 Modes run interleaved in rounds; medians are reported. Numbers vary run to run on a shared machine: compare modes
 within one run.
@@ -69,8 +69,9 @@ def core_paths(rt, tf_arrays, shared_buckets):
             grads, outs=[tf_arrays.aligned_empty(g.shape, g.dtype) for g in grads], name="costs.grouped"),
         "shared buffer in place (optimizer)": lambda: shared_buckets.allreduce_in_shared_buffer(
             grads, "costs.shared", rt.Average, 1.0, 1.0, rt.global_process_set),
-        "  two shared buffers, alternating (tf12c)": lambda: two_buffers(lambda: shared_buckets.allreduce_in_shared_buffer(
-            grads, "costs.shared2", rt.Average, 1.0, 1.0, rt.global_process_set)),
+        "  two shared buffers, alternating (tf12c)": lambda: two_buffers(
+            lambda: shared_buckets.allreduce_in_shared_buffer(grads, "costs.shared2", rt.Average, 1.0, 1.0,
+                                                              rt.global_process_set)),
         "shm transport alone: pack + allreduce": transport_pack_and_allreduce,
         "  its pack alone (numpy copy)": lambda: pack(staging),
         "  its allreduce alone": lambda: transport.allreduce(staging, ReduceOp.MAX),
@@ -291,11 +292,15 @@ def main():
             wall, cpu = np.median([w for w, _ in rows]), np.median([c for _, c in rows])
             print(f"{name:44s} {wall:6.2f} / {cpu:5.2f}    ({'  '.join(f'{w:.2f}/{c:.2f}' for w, c in rows)})")
         print("\n## 2. model.fit, 40 steps per call, batch 64 per rank, ms per step (means over ranks): step wall / "
-              "process CPU / host call wall / host call CPU (its thread)")
+              "process CPU / host call wall / host call CPU (its thread); ceiling = median over rounds of the plain "
+              "step / this mode's step in the same round")
+        plain = [row[0] for row in next(iter(fit.values()))]
         for name, rows in fit.items():
             med = np.median(np.array(rows), axis=0)
-            print(f"{name:52s} {med[0]:5.1f} / {med[1]:5.1f} / {med[2]:4.2f} / {med[3]:4.2f}"
-                  f"    weights {'in sync' if in_sync[name] or name.startswith(('plain', 'host')) or 'lockstep' in name else 'DIFFER'}"
+            ceiling = np.median([p / row[0] for p, row in zip(plain, rows)])
+            no_averaging = name.startswith(("plain", "host")) or "lockstep" in name
+            print(f"{name:58s} {med[0]:5.1f} / {med[1]:5.1f} / {med[2]:4.2f} / {med[3]:4.2f}   {100 * ceiling:3.0f}%"
+                  f"    weights {'in sync' if in_sync[name] or no_averaging else 'DIFFER'}"
                   f"    ({'  '.join('/'.join(f'{v:.1f}' for v in r) for r in rows)})")
         if args.json:
             with open(args.json, "w") as f:
