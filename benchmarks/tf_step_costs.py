@@ -11,8 +11,8 @@ returns persistent arrays without touching the gradients (the tf.numpy_function 
 4-byte allreduce (the ranks in lockstep, no gradient traffic), and one that copies the gradients into fresh arrays;
 DistributedOptimizer on the copying path (DistributedGradientTape's), on its shared-buffer path (the default: one
 buffer per bucket) and on tf12c's two alternating buffers, and the default with the shm barrier's sched_yield phase
-stretched from 0.2 ms to 2 ms (watchdog.YIELD_S: what its OS sleeps cost in wall time); and a split step that takes the allreduce out of the traced step (compiled gradients, eager average on zero-copy
-views, compiled apply).
+stretched from 0.2 ms to 2 ms (watchdog.YIELD_S: what its OS sleeps cost in wall time); and a split step that
+takes the allreduce out of the traced step (compiled gradients, eager average on zero-copy views, compiled apply).
 Modes run interleaved in rounds; medians are reported. Numbers vary run to run on a shared machine: compare modes
 within one run.
 """
