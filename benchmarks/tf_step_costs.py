@@ -102,7 +102,7 @@ def run_core(rt, tf_arrays, shared_buckets, rounds, calls=40):
     return table
 
 
-def run_fit(rt, rounds):
+def run_fit(rt, rounds, only=None):
     import keras
     import tensorflow as tf
     import ringtrain.keras as hvd
@@ -189,6 +189,9 @@ def run_fit(rt, rounds):
         "  the default, shm waits yield 2 ms before sleeping": distributed,
         "split step: compiled grads, eager average, compiled apply": lambda: keras.optimizers.SGD(0.01),
     }
+    if only:        # plain Keras stays: the other modes are measured against it
+        modes = {name: make for name, make in modes.items()
+                 if name.startswith("plain") or any(word in name for word in only)}
     yield_s = {name: (2e-3 if "yield 2 ms" in name else watchdog.YIELD_S) for name in modes}
     rng = np.random.default_rng(1234 + rt.rank())
     x = rng.normal(size=(BATCH * (STEPS + WARMUP), 784)).astype(np.float32)
@@ -272,6 +275,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--json")
+    parser.add_argument("--fit-only", metavar="WORD", nargs="+",
+                        help="skip part 1 and run only the fit modes whose names contain one of these words")
     args = parser.parse_args()
     import tensorflow as tf
     tf.config.threading.set_intra_op_parallelism_threads(1)      # as keras_scaling at 2 ranks on 2 cores
@@ -281,8 +286,8 @@ def main():
     from ringtrain.tensorflow import shared_buckets
     hvd.init()
     load_start = os.getloadavg()
-    core = run_core(rt, tf_arrays, shared_buckets, args.rounds)
-    fit, in_sync = run_fit(rt, args.rounds)
+    core = {} if args.fit_only else run_core(rt, tf_arrays, shared_buckets, args.rounds)
+    fit, in_sync = run_fit(rt, args.rounds, args.fit_only)
     load_end = os.getloadavg()
     if rt.rank() == 0:
         print(f"# {rt.size()} ranks, transport {rt.transport_name()}, {os.cpu_count()} cores; load average at start "
