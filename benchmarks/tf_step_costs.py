@@ -9,10 +9,11 @@ floor: pack into the shared window + its allreduce), its pieces, and a 4-byte al
 Part 2, model.fit at 40 steps per call, per step: plain Keras (the no-communication ceiling); a host call that
 returns persistent arrays without touching the gradients (the tf.numpy_function mechanism alone), the same with a
 4-byte allreduce (the ranks in lockstep, no gradient traffic), and one that copies the gradients into fresh arrays;
-DistributedOptimizer on the copying path (DistributedGradientTape's), on its shared-buffer path (the default: one
-buffer per bucket) and on tf12c's two alternating buffers, and the default with the shm barrier's sched_yield phase
-stretched from 0.2 ms to 2 ms (watchdog.YIELD_S: what its OS sleeps cost in wall time); and a split step that
-takes the allreduce out of the traced step (compiled gradients, eager average on zero-copy views, compiled apply).
+DistributedOptimizer on the copying path (DistributedGradientTape's), on its shared-buffer path (the default: two
+buffers per bucket used alternately) and with one buffer per bucket, and the default with the shm barrier's
+sched_yield phase stretched from 0.2 ms to 2 ms (watchdog.YIELD_S: what its OS sleeps cost in wall time); and a
+split step that takes the allreduce out of the traced step (compiled gradients, eager average on zero-copy views,
+compiled apply).
 Modes run interleaved in rounds; medians are reported. Numbers vary run to run on a shared machine: compare modes
 within one run.
 """
@@ -31,11 +32,10 @@ SHAPES = [(784, 1024), (1024,), (1024, 1024), (1024,), (1024, 10), (10,)]
 BATCH, STEPS, WARMUP = 64, 40, 5
 
 
-def two_buffers(fn):
-    """fn() with shared_buckets' tf12c layout: two buffers per bucket used alternately (it applies to buckets that
-    fn creates)."""
+def one_buffer(fn):
+    """fn() with one shared buffer per bucket instead of two used alternately (it applies to buckets fn creates)."""
     from ringtrain.tensorflow import shared_buckets
-    default, shared_buckets.BUFFERS_PER_BUCKET = shared_buckets.BUFFERS_PER_BUCKET, 2
+    default, shared_buckets.BUFFERS_PER_BUCKET = shared_buckets.BUFFERS_PER_BUCKET, 1
     try:
         return fn()
     finally:
@@ -67,9 +67,9 @@ def core_paths(rt, tf_arrays, shared_buckets):
     paths = {
         "grouped allreduce, fresh outputs (tape)": lambda: rt.grouped_allreduce(
             grads, outs=[tf_arrays.aligned_empty(g.shape, g.dtype) for g in grads], name="costs.grouped"),
-        "shared buffer in place (optimizer)": lambda: shared_buckets.allreduce_in_shared_buffer(
+        "shared buffers in place (optimizer)": lambda: shared_buckets.allreduce_in_shared_buffer(
             grads, "costs.shared", rt.Average, 1.0, 1.0, rt.global_process_set),
-        "  two shared buffers, alternating (tf12c)": lambda: two_buffers(
+        "  one shared buffer per bucket": lambda: one_buffer(
             lambda: shared_buckets.allreduce_in_shared_buffer(grads, "costs.shared2", rt.Average, 1.0, 1.0,
                                                               rt.global_process_set)),
         "shm transport alone: pack + allreduce": transport_pack_and_allreduce,
@@ -184,8 +184,8 @@ def run_fit(rt, rounds, only=None):
         "  the same + a 4-byte allreduce (lockstep)": lambda: Lockstep(0.01),
         "host call copying the gradients, no communication": lambda: CopyingHostCall(0.01),
         "DistributedOptimizer, copying path": lambda: copying_path(distributed()),
-        "DistributedOptimizer, one shared buffer (default)": distributed,
-        "  two shared buffers, alternating (tf12c)": distributed,
+        "DistributedOptimizer, shared buffers (default)": distributed,
+        "  one shared buffer per bucket, not two": distributed,
         "  the default, shm waits yield 2 ms before sleeping": distributed,
         "split step: compiled grads, eager average, compiled apply": lambda: keras.optimizers.SGD(0.01),
     }
@@ -245,8 +245,8 @@ def run_fit(rt, rounds, only=None):
         model.compile(optimizer=make(), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       jit_compile=False)
         warm_up = lambda: model.fit(x[:WARMUP * BATCH], y[:WARMUP * BATCH], batch_size=BATCH, epochs=1, verbose=0,
-                                    shuffle=False)    # noqa: E731 (builds the buckets: tf12c's layout where named)
-        two_buffers(warm_up) if "tf12c" in name else warm_up()
+                                    shuffle=False)    # noqa: E731 (builds the buckets: one per bucket where named)
+        one_buffer(warm_up) if "one shared buffer" in name else warm_up()
         models[name] = model
     table = {name: [] for name in modes}
     default_yield = watchdog.YIELD_S

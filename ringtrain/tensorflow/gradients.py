@@ -51,7 +51,7 @@ def allreduce_gradients(grads, prefix, compression=Compression.none, op=Average,
                         prescale_factor=1.0, postscale_factor=1.0, bucket_cap_mb=25, process_set=global_process_set,
                         results_in_shared_buffers=False):
     """grads: list of tf.Tensor | tf.IndexedSlices | None (same structure on every rank of `process_set`) -> reduced
-    list. results_in_shared_buffers: dense results are views of persistent buffers that the next call
+    list. results_in_shared_buffers: dense results are views of persistent buffers that the call after next
     overwrites -- only for a caller that consumes them at once (see shared_buckets.py)."""
     route(process_set)      # a set this rank is not in: the core's error now, not inside the host call
     out = list(grads)

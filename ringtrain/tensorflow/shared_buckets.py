@@ -2,25 +2,25 @@
 (ringtrain.keras's DistributedOptimizer: apply() uses them inside the same train step and nothing else sees them).
 
 The grouped path (gradients.py) copies TensorFlow's gradients into the core's window and the averaged result out
-into fresh arrays: two 7.4 MB copies per step for the keras_scaling MLP. Here each bucket owns ONE persistent flat
-buffer from ringtrain.empty_shared: the host call copies the gradients in (with any prescale), the core allreduces
-the buffer in place -- peers read it where it lies and push their reduced blocks straight into it, Average's 1/N
-fused in -- and TensorFlow gets views of it back (each tensor starts on a 64-byte boundary, so TF adopts them
-without a copy). No copy-out, no per-step allocation.
+into fresh arrays: two 7.4 MB copies per step for the keras_scaling MLP. Here each bucket owns two persistent flat
+buffers from ringtrain.empty_shared, used alternately: the host call copies the gradients in (with any prescale),
+the core allreduces the buffer in place -- peers read it where it lies and push their reduced blocks straight
+into it, Average's 1/N fused in -- and TensorFlow gets views of it back (each tensor starts on a 64-byte boundary,
+so TF adopts them without a copy). No copy-out, no per-step allocation. Measured (benchmarks/results/
+tf_step_costs.txt, keras_scaling's MLP at 2 ranks): 18.8 ms per fit step against 21.8 on the copying path, host-call
+CPU 2.9 against 4.2 ms (medians of 6 interleaved rounds; faster in every round).
 
-One buffer, not two used alternately (tf12c's layout): a second buffer doubles the memory each step touches (2 x
-7.4 MB for that MLP), and the copy-in then finds its lines out of cache. Measured (benchmarks/results/
-tf_step_costs_tf12d.txt, 2 ranks on this 2-core VM): the core alone 2.1 against 3.3 ms per call; fit steps, see
-there.
+One buffer per bucket (half the window, results valid only until the next call) was tried in tf12d: the core
+alone is faster (2.9 against 3.5 ms per call, the working set halves), but fit steps were not (34.9 against 34.3 ms
+in 10 interleaved rounds, faster in 4 of 10; 37.8 against 36.3 in another run's 6), so the wider margin stays
+(benchmarks/results/tf_step_costs_tf12d*.txt).
 
-The catch is lifetime: the views of call k are overwritten by call k+1 of the same bucket. Within a Keras train
-step that is safe: the views never leave apply(), every read of them feeds the update that apply() makes within
-the step, and the next call's gradients depend on that update (the next step's function call, or the next
-iteration of a steps_per_execution loop, reads the updated variables). Peers cannot write into this buffer
-before this rank submits its next call either: they push only after every rank has arrived. A
-DistributedGradientTape hands gradients to user code, which may keep them, so it stays on the copying path.
-Where the window is not available (transport other than shm, a process set with its own window, the pool used
-up) the buffer is ordinary aligned memory: still correct, only with the core's copies.
+The catch is lifetime: the views of call k are overwritten by call k+2 of the same bucket. Within a Keras train
+step that is safe (the update that reads them finishes before the step's function returns, and the next step's
+gradients depend on that update); a DistributedGradientTape hands gradients to user code, which may keep them,
+so it stays on the copying path. Where the window is not available (transport other than shm, a process set
+with its own window, the pool used up) the buffers are ordinary aligned memory: still correct, only with the
+core's copies.
 """
 import numpy as np
 
@@ -28,7 +28,7 @@ import ringtrain as _core
 
 from .arrays import TF_ALIGNMENT, aligned_empty
 
-BUFFERS_PER_BUCKET = 1   # benchmarks/tf_step_costs.py sets 2 to measure tf12c's alternating layout against this one
+BUFFERS_PER_BUCKET = 2   # used alternately; benchmarks/tf_step_costs.py sets 1 to measure one buffer against this
 _buffers = {}      # (name, process set id, dtype, shapes) -> [[buffer, ...], calls so far, tensor starts]
 
 
@@ -53,8 +53,8 @@ def _zeroed(count, dtype):
 
 
 def allreduce_in_shared_buffer(arrays, name, op, prescale_factor, postscale_factor, process_set):
-    """Average (op) the numpy `arrays` (one dtype) over the set's ranks; returns views of this bucket's buffer,
-    valid until the next call with the same name."""
+    """Average (op) the numpy `arrays` (one dtype) over the set's ranks; returns views of this bucket's next buffer,
+    valid until the call after next with the same name."""
     dtype = arrays[0].dtype
     shapes = tuple(a.shape for a in arrays)
     key = (name, process_set.process_set_id, dtype.str, shapes)

@@ -133,10 +133,10 @@ def test_gradient_buckets_match_numpy(mode, shared):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_results_in_shared_buffers_are_one_reused_buffer_per_bucket():
-    """DistributedOptimizer's path: results are 64-byte-aligned views of ONE persistent buffer per bucket -- call k's
-    results are right, and call k+1 reuses call k's memory (no allocation per step, no second buffer to pull through
-    the cache, no copy into TensorFlow). Several buckets of identical shapes in one call each keep their own buffer."""
+def test_results_in_shared_buffers_live_until_the_call_after_next():
+    """DistributedOptimizer's path: results are 64-byte-aligned views of two persistent buffers per bucket, used
+    alternately -- call k's results are still right after call k+1, and call k+2 reuses call k's memory (no
+    allocation per step, no copy into TensorFlow). Buckets of identical shapes in one call keep their own buffers."""
     from ringtrain.tensorflow.gradients import allreduce_gradients
     n, r = hvd.size(), hvd.rank()
     specs = [((3, 5), np.float32), ((7,), np.float32), ((), np.float32), ((64, 33), np.float32)]
@@ -154,16 +154,17 @@ def test_results_in_shared_buffers_are_one_reused_buffer_per_bucket():
         return [np.from_dlpack(t).ctypes.data for t in results]
 
     first = call(0)
-    check(0, first)
-    first_addresses = addresses(first)
-    assert all(a % 64 == 0 for a in first_addresses)
     second = call(1)
+    check(0, first)
     check(1, second)
-    assert addresses(second) == first_addresses
+    assert all(a % 64 == 0 for a in addresses(first) + addresses(second))
+    third = call(2)
+    check(2, third)
+    assert addresses(third) == addresses(first) and addresses(second) != addresses(first)
     # three buckets (a 256-byte cap), one (8, 8) float32 tensor each: same shapes, different buckets
     same = [((8, 8), np.float32)] * 3
-    results = call(2, same, bucket_cap_mb=256 / (1 << 20))
-    check(2, results, same)
+    results = call(3, same, bucket_cap_mb=256 / (1 << 20))
+    check(3, results, same)
     assert len(set(addresses(results))) == 3
 
 

@@ -119,8 +119,8 @@ def test_keras_fit_adam_equals_one_process(mode, passes):
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("passes", [1, 2])
 def test_keras_fit_several_steps_per_execution_equals_one_process(passes):
-    """steps_per_execution=5: five train steps in one traced loop, so step k+1's host call overwrites the shared
-    buffer whose views step k's update read -- the update must have consumed them by then."""
+    """steps_per_execution=5: five train steps in one traced loop, so the next steps' host calls reuse the shared
+    buffers whose views an earlier step's update read -- the update must have consumed them by then."""
     x, y = global_data()
     model = make_model()
     model.compile(optimizer=hvd.DistributedOptimizer(adam(), backward_passes_per_step=passes), loss=LOSS,
