@@ -275,11 +275,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--json")
+    parser.add_argument("--inter-op", type=int, default=0, help="TF inter-op threads per rank (default: TF's)")
     parser.add_argument("--fit-only", metavar="WORD", nargs="+",
                         help="skip part 1 and run only the fit modes whose names contain one of these words")
     args = parser.parse_args()
     import tensorflow as tf
     tf.config.threading.set_intra_op_parallelism_threads(1)      # as keras_scaling at 2 ranks on 2 cores
+    if args.inter_op:
+        tf.config.threading.set_inter_op_parallelism_threads(args.inter_op)
     import ringtrain as rt
     import ringtrain.keras as hvd
     from ringtrain.tensorflow import arrays as tf_arrays
@@ -290,7 +293,8 @@ def main():
     fit, in_sync = run_fit(rt, args.rounds, args.fit_only)
     load_end = os.getloadavg()
     if rt.rank() == 0:
-        print(f"# {rt.size()} ranks, transport {rt.transport_name()}, {os.cpu_count()} cores; load average at start "
+        print(f"# {rt.size()} ranks, transport {rt.transport_name()}, {os.cpu_count()} cores, TF inter-op threads "
+              f"{tf.config.threading.get_inter_op_parallelism_threads() or 'default'}; load average at start "
               f"{load_start}, at end {load_end}; {args.rounds} interleaved rounds, medians (per-round values)")
         print("\n## 1. The core alone, 7.45 MB float32 in 6 arrays, ms per call: wall (rank 0) / CPU (all threads)")
         for name, rows in core.items():
