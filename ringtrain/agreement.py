@@ -20,10 +20,12 @@ Every rank thereby reads the same snapshot, so every rank computes the same deci
     executes the actions it sends back, exactly as the coordinator protocol does; mismatch, stall and join
     handling (and their messages) are the Coordinator's.
 
-Eager small allreduces: a slot also carries the data of this rank's lowest pending small host allreduce (<= 64 KB,
-one array, no prescale) and its id. When the lowest ready id is such an allreduce and EVERY rank published that id,
-every rank reduces the published copies in rank order (bitwise the same result everywhere) straight into its
-output during the cycle: the agreement exchange is the only synchronisation a small allreduce pays.
+Eager small allreduces: a slot also carries the data of this rank's lowest pending small host allreduce (one
+array, no prescale; up to window_eager_bytes(N) on one node -- 2 MB for 2 ranks, 1 MB for 4 -- and 64 KB across
+nodes) and its id. When the lowest ready id is such an allreduce and EVERY rank published that id, every rank
+reduces the published copies in rank order (bitwise the same result everywhere) straight into its output during
+the cycle: the agreement exchange is the only synchronisation a small allreduce pays.
+Express: a synchronous one with nothing else pending on this rank skips the request machinery altogether (express()).
 A rank enters the next cycle when it has something new, when a peer has entered it (the engine thread looks for
 that even while idle), or, on rank 0, when the Coordinator's stall check is due. Nothing new anywhere means nobody
 cycles: no busy loop.
@@ -153,7 +155,8 @@ class CoordinatorAgreement:
 _WANTS_COORDINATOR = 1      # this rank has first sightings, join/shutdown, or a request pending too long
 _COORDINATOR_BUSY = 2       # rank 0: the Coordinator still holds undecided requests or joined ranks
 _WORDS = CACHE_CAPACITY // 64
-EAGER_BYTES = 64 << 10      # small allreduces travel with the cycle: [id, nbytes] + data
+EAGER_BYTES = 64 << 10      # across nodes: a slot, eager data included, travels to every peer as a message
+WINDOW_EAGER_BYTES = 4 << 20    # on one node the slots are shared memory: eager up to this / N (64 KB .. 2 MB)
 HANDOVER_S = 0.5            # a cached request not ready everywhere for this long goes to the Coordinator, which
                             # names the missing ranks in its stall warnings and errors
 
@@ -176,6 +179,7 @@ class CycleAgreement(CoordinatorAgreement):
         self._eager = {}                 # id -> Request that may travel eagerly (small host allreduce)
         self._single_actions = {}        # (id, eager) -> its Action (the same few recur every step)
         self._peers = exchange.peers
+        self._eager_bytes = exchange.eager_bytes
 
     # ---- input -----------------------------------------------------------------------------------------------
     def add(self, req):
@@ -183,7 +187,7 @@ class CycleAgreement(CoordinatorAgreement):
         cid = self.cache.get(key)
         if cid is not None and req.meta.kind in SAME_EVERYWHERE:
             self._ids[cid] = key
-            if _eager_candidate(req):
+            if _eager_candidate(req, self._eager_bytes):
                 self._eager[cid] = req
             self._ready |= 1 << cid
             self._ready_since[cid] = time.monotonic()
@@ -264,7 +268,7 @@ class CycleAgreement(CoordinatorAgreement):
         the state add() would have left, and the cycle's actions are returned for the engine to run -- the same
         actions every other rank computes from the same snapshot. None (nothing done) when the fast path does not
         apply: something pending, a name not cached yet, or too large for a slot."""
-        if self._ready or self._handed or self._dirty or not 0 < array.nbytes <= EAGER_BYTES:
+        if self._ready or self._handed or self._dirty or not 0 < array.nbytes <= self._eager_bytes:
             return None
         key = (name, meta)
         cid = self.cache.get(key)
@@ -394,10 +398,20 @@ class CycleAgreement(CoordinatorAgreement):
             self._exchange = None
 
 
-def _eager_candidate(req):
+def _eager_candidate(req, limit):
     meta = req.meta
     return (meta.kind == "allreduce" and meta.device == "cpu" and len(req.arrays) == 1 and meta.scales[0] == 1.0
-            and req.outs[0] is not None and 0 < req.arrays[0].nbytes <= EAGER_BYTES)
+            and req.outs[0] is not None and 0 < req.arrays[0].nbytes <= limit)
+
+
+def window_eager_bytes(size):
+    """How large an allreduce may travel in the cycle's shared-memory slots on one node of `size` ranks. Eager costs
+    one synchronisation instead of three (the cycle, then the transport's two) but every rank reads all N copies, so
+    the limit falls with N. Measured on 2 cores (2 ranks, 4 ranks): eager beats the transport path up to 1-2 MB,
+    shared-window arrays included, and loses at 4 MB; the 1/N rule beyond 4 ranks is that traffic argument, not a
+    measurement."""
+    limit = max(EAGER_BYTES, min(2 << 20, WINDOW_EAGER_BYTES // max(size, 1)))
+    return limit // 4096 * 4096        # whole pages: slots stay aligned for any dtype and for the cache
 
 
 def make_agreement(topology, ctrl, config, watchdog):
@@ -406,7 +420,7 @@ def make_agreement(topology, ctrl, config, watchdog):
     if topology.size == 1:
         return CoordinatorAgreement(ctrl, config, watchdog)
     if topology.single_node:
-        exchange = WindowExchange(topology.local, config, watchdog, _WORDS, EAGER_BYTES)
+        exchange = WindowExchange(topology.local, config, watchdog, _WORDS, window_eager_bytes(topology.size))
     elif topology.size <= MESSAGE_CYCLE_MAX_RANKS:
         exchange = MessageExchange(ctrl, config, watchdog, _WORDS, EAGER_BYTES)
     else:

@@ -78,6 +78,9 @@ class _Exchange:
     def __init__(self, rank, size, config, watchdog, max_words, eager_bytes):
         self.rank, self.size, self.config, self.watchdog = rank, size, config, watchdog
         self.peers = [p for p in range(size) if p != rank]
+        if eager_bytes % _LINE:              # the next slot's int64 header must stay aligned
+            raise ValueError(f"eager_bytes must be a multiple of {_LINE}, got {eager_bytes}")
+        self.eager_bytes = eager_bytes          # the largest eager data a slot holds
         self.slot_bytes = _SlotViews.header_bytes(max_words) + eager_bytes
         self._max_words = max_words
         self._parity = 0
