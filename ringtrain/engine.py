@@ -7,9 +7,13 @@
     background thread ──────────┘  the same passes whenever no caller is driving (async work, backward overlap)
 
 Whoever holds the progress lock runs the pass, so MPI is only ever called by one thread at a time
-(MPI_THREAD_SERIALIZED is enough). A synchronous collective is driven on the caller's own thread: no hand-off to
-the engine thread and no OS wake-up on the way back. The background thread keeps asynchronous collectives
-moving while the caller computes, and follows peers into agreement cycles while this rank is idle.
+(MPI_THREAD_SERIALIZED is enough). A synchronous collective is driven on the caller's own thread (run()): no
+hand-off to the engine thread and no OS wake-up on the way back, and when no pass is running it skips the queue.
+A synchronous small host allreduce with nothing else in flight goes further (express()): one agreement cycle on
+the caller's thread, reduced from the cycle's slots, with no request, handle or action at all -- and when that
+cycle's snapshot says anything else it becomes an ordinary request then and there. The background thread keeps
+asynchronous collectives moving while the caller computes, and follows peers into agreement cycles while this rank
+is idle.
 
 Every wait is a polled wait through the Watchdog, so a dead peer, a stall or an abort ends in an error naming
 ranks and tensors, never a hang.

@@ -107,3 +107,20 @@ def test_a_peer_publishing_other_eager_data_sends_the_call_through_the_executor(
     if not late:
         assert fallbacks.count("express.higher_id") == 3, fallbacks
     assert not state.engine().requests
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
+def test_allreduces_at_the_eager_limit_and_past_it(dtype):
+    """On one node allreduces up to window_eager_bytes(N) travel in the cycle's slots (megabytes, not just small
+    ones); one element more takes the transport. Both sides of the limit, cached, averaged: equal to numpy."""
+    from ringtrain.agreement import window_eager_bytes
+    itemsize = np.dtype(dtype).itemsize
+    limit = window_eager_bytes(rt.size()) // itemsize
+    for n in (limit, limit + 1, limit // 3):
+        x = [((np.arange(n) * 13 + 5 * r) % 101).astype(dtype) for r in range(rt.size())]
+        want = sum(a.astype(np.float64) for a in x) / rt.size()
+        if np.issubdtype(dtype, np.integer):
+            want = np.floor(want)
+        for call in range(3):                    # first sighting, then cached
+            out = rt.allreduce(x[rt.rank()], name=f"express.limit.{np.dtype(dtype).name}.{n}")
+            np.testing.assert_allclose(out.astype(np.float64), want, rtol=1e-6, err_msg=f"n={n}, call {call}")
