@@ -217,28 +217,34 @@ class CycleAgreement(CoordinatorAgreement):
         return self.rank == 0 and super().owes() and now > self._next_stall_check
 
     def _run_cycle(self):
-        c = self._cycle + 1
-        exchange = self._exchange
         ready = self._ready
         wants = bool(self._handed) or (ready and min(self._ready_since.values()) < time.monotonic() - HANDOVER_S)
-        flags = _WANTS_COORDINATOR if wants else 0
-        if self.rank == 0 and CoordinatorAgreement.owes(self):
-            flags |= _COORDINATOR_BUSY
         eager = None
         if self._eager:
             cid = min(self._eager)
             eager = (cid, self._eager[cid].arrays[0])
+        c, flags, ready = self._exchange_slots(_WANTS_COORDINATOR if wants else 0, ready, eager)
+        self._dirty = False
+        if flags:
+            return self._slow_cycle(c)
+        return self._fast_actions(ready)
+
+    def _exchange_slots(self, flags, ready, eager):
+        """Publish our slot for the next cycle and gather everyone's: (cycle, every rank's flags OR-ed together,
+        the ids ready on every rank). Rank 0 adds its own flag while its Coordinator still holds something."""
+        c = self._cycle + 1
+        exchange = self._exchange
+        if self.rank == 0 and CoordinatorAgreement.owes(self):
+            flags |= _COORDINATOR_BUSY
         words = self._words
         exchange.publish(c, flags, ready, words, eager)
         exchange.gather(c)
-        self._cycle, self._dirty = c, False
+        self._cycle = c
         for p in self._peers:
             flags |= exchange.flags(p)
             if ready:
                 ready &= exchange.bitmap(p, words)
-        if flags:
-            return self._slow_cycle(c)
-        return self._fast_actions(ready)
+        return c, flags, ready
 
     def _run_eager(self, cid):
         """If every rank published `cid`, reduce the published copies (in rank order: bitwise the same result on
@@ -274,19 +280,9 @@ class CycleAgreement(CoordinatorAgreement):
         cid = self.cache.get(key)
         if cid is None:
             return None
-        exchange = self._exchange
-        c = self._cycle + 1
-        flags = _COORDINATOR_BUSY if self.rank == 0 and CoordinatorAgreement.owes(self) else 0
         bit = 1 << cid
-        words = self._words
-        exchange.publish(c, flags, bit, words, (cid, array))
-        exchange.gather(c)
-        self._cycle = c
-        ready = bit
-        for p in self._peers:
-            flags |= exchange.flags(p)
-            ready &= exchange.bitmap(p, words)
-        if not flags and ready and exchange.eager_everywhere(cid, array.nbytes):
+        c, flags, ready = self._exchange_slots(0, bit, (cid, array))
+        if not flags and ready and self._exchange.eager_everywhere(cid, array.nbytes):
             self._reduce_eager(meta, out.reshape(-1), array.nbytes)
             return True
         request = make_request(name, meta, array, out)
