@@ -290,3 +290,17 @@ def test_pretend_nodes_quick(tmp_path):
         for op in ("allreduce", "allgather", "broadcast", "reducescatter")}, stdout
     assert all(r["wrong"] == 0 and len(r["round_time_us"]) == 2 and RECORD_KEYS <= set(r) for r in records), stdout
     assert "4 ranks as 2+2 pretend nodes" in stdout and "# total #wrong: 0" in stdout
+
+
+def test_shm_chunk_sweep_quick(tmp_path):
+    """Runs every chunk setting on 2 ranks, checks each result against MPI_Allreduce's, writes its table."""
+    if mpiexec() is None:
+        pytest.skip("mpiexec not found")
+    out = str(tmp_path / "sweep.txt")
+    stdout = run_script([mpiexec(), "-n", "2", sys.executable, os.path.join(BENCH_DIR, "shm_chunk_sweep.py"),
+                         "--sizes-mb", "1,3", "--chunks-mb", "1,4", "--reps", "2", "--out", out], timeout=120)
+    with open(out) as f:
+        table = f.read()
+    assert table.strip() == stdout.strip()
+    assert "1 MB chunks ms (vs one)" in table and "4 MB chunks ms (vs one)" in table
+    assert [line.split()[0] for line in table.splitlines()[3:]] == ["1", "3"], table

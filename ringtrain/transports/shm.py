@@ -45,6 +45,7 @@ log = logging.getLogger("ringtrain")
 
 _PAGE = 4096
 _SEQ, _OFFSET = 0, 1           # int64 slots in a flag line
+_PRIVATE = -1                  # the offset a rank publishes when its data is private: packed at its region's start
 _SIGNATURE = slice(2, 6)       # what this rank is running: kind, bytes, itemsize, checksum of the block counts
 _KINDS = {1: "allreduce", 2: "reducescatter", 3: "allgather", 4: "allreduce"}   # 4: the one-barrier path
 SMALL_BYTES = 64 << 10         # allreduces up to this size use the one-barrier path
@@ -57,6 +58,12 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
     name = "shm"
     device = "cpu"
     cache_piece_bytes = 256 << 10   # reduce-then-push granularity: the result is pushed while still in L2
+    # Private (not in-window) buffers go through the region in chunks of at most this many bytes even when they
+    # would fit whole: what one rank copies in is then still in the shared L3 cache when its peers read it, and
+    # the pushed result when the copy-out reads it. 2 ranks, 16 MB, on a 32 MB-L3 EPYC: 3.9-4.4 ms whole,
+    # 3.2 ms in 4 MB chunks (2 MB 3.3, 1 MB 3.6: past that the extra barriers cost more); 64 MB 23 -> 13.5 ms;
+    # 4 ranks 16 MB 14.6 -> 8.8 ms (benchmarks/results/shm_chunk_sweep.txt).
+    private_chunk_bytes = 4 << 20
 
     def __init__(self, comm, config, watchdog):
         super().__init__(comm, config, watchdog)
@@ -133,15 +140,18 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
                              f"capacity")
         return None
 
-    def _chunks(self, counts, itemsize, in_region):
-        """Per chunk: [(start in buf, count)] for every block. One chunk when the data fits the region; else K
-        chunks, each taking 1/K of every block (so every rank reduces in every chunk)."""
+    def _chunks(self, counts, itemsize):
+        """Per chunk: [(start in buf, count)] for every block. One chunk when the data fits private_chunk_bytes
+        (and the region); else K chunks, each taking 1/K of every block (so every rank reduces in every chunk).
+        Depends only on what every rank knows alike -- never on where this rank's buffer lies -- so a rank with
+        its data in the region and a rank with private data run the same chunks and barriers."""
         starts = offsets(counts)
         total = sum(counts) * itemsize
-        if in_region is not None or total <= self.capacity:
+        limit = min(self.capacity, max(self.private_chunk_bytes, 16 * self.size * itemsize))
+        if total <= limit:
             return [list(zip(starts, counts))]
         # each piece is at most ceil(count/K) elements: that is <= total/K + size elements per chunk
-        room = self.capacity - self.size * itemsize
+        room = limit - self.size * itemsize
         k = -(-total // room)
         steps = [-(-c // k) for c in counts]
         return [[(s + min(c, i * st), min(c, (i + 1) * st) - min(c, i * st)) for s, c, st in zip(starts, counts, steps)]
@@ -220,33 +230,45 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
             return
         r, n, itemsize = self.rank, self.size, buf.itemsize
         out = buf if out is None else out
-        # a buffer in our region is used where it lies -- if it fits one chunk, as every rank's copy-in does then
+        # a buffer in our region is used where it lies (only one that fits the region can lie there)
         in_region = self._offset_in_region(buf) if buf.nbytes <= self.capacity else None
         if out is not buf and (in_region is not None or self._offset_in_region(out) is not None):
             raise ValueError(f"rank {r}: an out-of-place shm allreduce takes buffers outside the shared region")
-        my_offset = in_region if in_region is not None else 0
         peers = [(r + i) % n for i in range(1, n)]       # ring order from r+1 spreads the readers
         ufunc = ops.UFUNCS[op] if reduce else None
         signature = (kind, buf.nbytes, itemsize, sum((i + 1) * c for i, c in enumerate(counts)) % (1 << 62))
-        for number, chunk in enumerate(self._chunks(counts, itemsize, in_region)):
-            region_starts = offsets([c for _, c in chunk])
+        # Private data passes the region in cache-sized chunks, packed at its start; a buffer that lies in the
+        # region is used where it lies, in one chunk -- unless a peer's data is private: then it runs the same
+        # chunks (learnt at the first barrier, from the peer's published offset _PRIVATE; the private ranks'
+        # copy-in of chunk 0 needs no more than that chunk's bounds, which every rank computes alike).
+        chunks = self._chunks(counts, itemsize) if in_region is None else [list(zip(offsets(counts), counts))]
+        number = 0
+        while number < len(chunks):
+            chunk = chunks[number]
+            packed = offsets([c for _, c in chunk])
 
             def mine(p, array=buf):
                 s, c = chunk[p]
                 return array[s: s + c]
 
             def region(q, p, base):
-                lo = base + region_starts[p] * itemsize
+                """Block p of this chunk in rank q's region: packed at the start, or where q's buffer lies."""
+                lo = packed[p] * itemsize if base == _PRIVATE else base + chunk[p][0] * itemsize
                 return self._data[q][lo: lo + chunk[p][1] * itemsize].view(buf.dtype)
 
             if in_region is None:           # copy-in of what peers will read from us
                 for p in range(n):
                     if (p != r and reduce) or (p == r and not reduce):
-                        region(r, p, 0)[...] = mine(p)
-            self._barrier("ready", offset=my_offset, signature=signature)
+                        region(r, p, _PRIVATE)[...] = mine(p)
+            self._barrier("ready", offset=_PRIVATE if in_region is None else in_region, signature=signature)
+            bases = self._offsets.tolist()
             if number == 0:
                 self._check_signatures(signature)
-            bases = self._offsets.tolist()
+                if in_region is not None and _PRIVATE in bases:
+                    chunks = self._chunks(counts, itemsize)
+                    chunk = chunks[0]
+                    packed = offsets([c for _, c in chunk])
+            number += 1
 
             if reduce:
                 # Block r: in every region these positions are read and written by this rank only, so it can
@@ -270,7 +292,7 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
                 self._barrier("allreduce done")              # every owner has pushed its block to us
                 if in_region is None:
                     for p in peers:
-                        mine(p, out)[...] = region(r, p, 0)
+                        mine(p, out)[...] = region(r, p, _PRIVATE)
                 continue
             for p in peers:
                 mine(p)[...] = region(p, p, bases[p])

@@ -251,6 +251,60 @@ def test_shm_buffer_in_staging_region_at_rank_dependent_offsets():
 
 
 @pytest.mark.mpi(min_size=2)
+def test_shm_buffers_pass_the_region_in_cache_sized_chunks():
+    """A private buffer that fits the region still passes it in private_chunk_bytes chunks (so what one rank copies
+    in is in cache when peers read it); a buffer in the region is reduced where it lies in one chunk -- and in the
+    private ranks' chunks when only some ranks' buffers lie in the region."""
+    comm = MPI.COMM_WORLD
+    wrong = Mismatches()
+    t = make_transport("shm", fusion_threshold=1 << 20, stall_timeout_s=20)   # ranks out of step fail fast
+    t.private_chunk_bytes = 8192
+    t.cache_piece_bytes = 1000
+    barriers = []
+    real_barrier = t._barrier
+    t._barrier = lambda what, **kw: barriers.append(what) or real_barrier(what, **kw)
+
+    def ready_barriers():
+        count = barriers.count("ready")
+        barriers.clear()
+        return count
+
+    try:
+        size = 10007                                  # 80 KB of float64: about ten chunks, uneven pieces
+        inputs = rank_inputs(size, "float64", ReduceOp.SUM, 8, comm.size)
+        want = reference(inputs, ReduceOp.SUM)
+        out = np.full(size, -1.0)
+        t.allreduce_out(inputs[comm.rank], out, ReduceOp.SUM)
+        wrong.check(out, want, "shm private allreduce_out in chunks")
+        chunks = ready_barriers()
+        assert chunks >= 8, chunks
+        counts = uneven_counts(size, comm.size)
+        start, count = offsets(counts)[comm.rank], counts[comm.rank]
+        out[...] = -1.0
+        t.reducescatter_out(inputs[comm.rank], out, counts, ReduceOp.SUM)
+        wrong.check(out[start: start + count], want[start: start + count], "shm private reducescatter_out in chunks")
+        t.allgather(out, counts)
+        wrong.check(out, want, "shm private allgather in chunks")
+        assert ready_barriers() == 2 * chunks
+
+        shift = 64 * comm.rank                        # in the region, at an offset that differs between ranks
+        shared = t.staging_buffer(shift + size * 8)[shift:].view(np.float64)
+        shared[...] = inputs[comm.rank]
+        t.allreduce(shared, ReduceOp.SUM)
+        wrong.check(shared, want, "shm in-region allreduce")
+        assert ready_barriers() == 1
+        for private_ranks in (1, 0):                  # odd ranks private, then even ranks private
+            mixed = np.empty(size) if comm.rank % 2 == private_ranks else shared
+            mixed[...] = inputs[comm.rank]
+            t.allreduce(mixed, ReduceOp.SUM)
+            wrong.check(mixed, want, f"shm allreduce, private on ranks {private_ranks}::2, in the region elsewhere")
+            assert ready_barriers() == chunks
+        wrong.assert_none()
+    finally:
+        t.close()
+
+
+@pytest.mark.mpi(min_size=2)
 def test_shm_rejects_a_communicator_spanning_nodes():
     """Split_type only sees one node here, so emulate two 'nodes' by splitting the world: the shm transport
     must refuse a communicator whose ranks it cannot all map."""
