@@ -252,11 +252,12 @@ class Engine:
             if (self.failed is not None or self.shutdown_requested or self.finished.is_set() or self.requests
                     or not self.queue.empty()):
                 return None
+            start = time.perf_counter()
             outcome = self.agreement.express(name, meta, array, out, self._express_request)
             if outcome is None:
                 return None
             if outcome is True:
-                self.executor.stats.record("allreduce", array.nbytes, 0.0)
+                self.executor.stats.record("allreduce", array.nbytes, time.perf_counter() - start)
                 return True
             handle = self.requests[name].handle
             self._execute(outcome)

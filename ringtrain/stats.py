@@ -36,7 +36,7 @@ class _OpStats:
         if len(self.samples) < RESERVOIR_SIZE:
             self.samples.append(seconds)
         else:  # reservoir sampling (Algorithm R): each sample kept with probability RESERVOIR_SIZE / count
-            slot = self._rng.randrange(self.count)
+            slot = int(self._rng.random() * self.count)     # randrange costs 1.7 us, this 0.1 (per collective)
             if slot < RESERVOIR_SIZE:
                 self.samples[slot] = float(seconds)
 

@@ -41,6 +41,9 @@ def test_a_cached_small_allreduce_completes_in_its_own_cycle(fallbacks):
         rt.allreduce(inplace, name="express.avg", out=inplace, postscale_factor=2.0)
         np.testing.assert_allclose(inplace, 2.0 * want_avg, rtol=1e-6, err_msg=f"call {call}")
     assert not state.engine().requests
+    # the shutdown summary counts express calls with their real duration
+    recorded = state.engine().stats.local()["allreduce"]
+    assert recorded["count"] >= 40 and recorded["seconds"] > 0 and min(recorded["samples"][-10:]) > 0, recorded
     # 40 calls, 2 first sightings: after them every call is express (a peer's idle engine thread may join a cycle
     # early and force one fallback now and then, not dozens)
     assert len(fallbacks) <= 6, f"rank {rt.rank()}: {len(fallbacks)} of 38 cached calls left the express path"
