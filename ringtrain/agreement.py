@@ -21,11 +21,13 @@ Every rank thereby reads the same snapshot, so every rank computes the same deci
     handling (and their messages) are the Coordinator's.
 
 Eager small allreduces: a slot also carries the data of this rank's lowest pending small host allreduce (one
-array, no prescale; up to window_eager_bytes(N) on one node -- 2 MB for 2 ranks, 1 MB for 4 -- and 64 KB across
-nodes) and its id. When the lowest ready id is such an allreduce and EVERY rank published that id, every rank
-reduces the published copies in rank order (bitwise the same result everywhere) straight into its output during
-the cycle: the agreement exchange is the only synchronisation a small allreduce pays.
-Express: a synchronous one with nothing else pending on this rank skips the request machinery altogether (express()).
+array, no prescale; up to window_eager_bytes(N) on one node -- 1 MB for 2 ranks, 512 KB for 4 -- and 64 KB across
+nodes; an array in the transport's shared window only up to SHARED_EAGER_BYTES) and its id. When the lowest ready
+id is such an allreduce and EVERY rank published that id, every rank reduces the published copies in rank order
+(bitwise the same result everywhere) straight into its output during the cycle: the agreement exchange is the only
+synchronisation a small allreduce pays.
+Express: a synchronous cached host allreduce with nothing else pending on this rank skips the request machinery
+altogether (express()): one cycle on the caller's thread, then the eager reduce or the transport call itself.
 A rank enters the next cycle when it has something new, when a peer has entered it (the engine thread looks for
 that even while idle), or, on rank 0, when the Coordinator's stall check is due. Nothing new anywhere means nobody
 cycles: no busy loop.
@@ -151,12 +153,15 @@ class CoordinatorAgreement:
         pass
 
 
+AGREED = "agreed"            # express(): every rank has the allreduce ready and nothing else runs in its cycle
+
 # flag bits of a cycle slot
 _WANTS_COORDINATOR = 1      # this rank has first sightings, join/shutdown, or a request pending too long
 _COORDINATOR_BUSY = 2       # rank 0: the Coordinator still holds undecided requests or joined ranks
 _WORDS = CACHE_CAPACITY // 64
 EAGER_BYTES = 64 << 10      # across nodes: a slot, eager data included, travels to every peer as a message
-WINDOW_EAGER_BYTES = 4 << 20    # on one node the slots are shared memory: eager up to this / N (64 KB .. 2 MB)
+WINDOW_EAGER_BYTES = 2 << 20    # on one node the slots are shared memory: eager up to this / N (64 KB .. 1 MB)
+SHARED_EAGER_BYTES = 512 << 10  # ... except arrays in the transport's shared window: eager only up to this
 HANDOVER_S = 0.5            # a cached request not ready everywhere for this long goes to the Coordinator, which
                             # names the missing ranks in its stall warnings and errors
 
@@ -165,9 +170,10 @@ class CycleAgreement(CoordinatorAgreement):
     """Cached collectives are agreed in cycles through an exchange (cycle_exchange.py); the rest through the
     Coordinator."""
 
-    def __init__(self, ctrl, exchange, config, watchdog):
+    def __init__(self, ctrl, exchange, config, watchdog, shared=None):
         super().__init__(ctrl, config, watchdog)
         self._exchange = exchange
+        self._shared = shared or (lambda array: False)   # does the host transport reduce this array where it lies?
         self._ids = {}                   # cache id -> (name, Meta), for ids usable on the fast path
         self._ready = 0                  # bitmap (Python int) of this rank's fast-path ids
         self._ready_since = {}           # id -> time it was submitted (handover to the coordinator when old)
@@ -187,7 +193,7 @@ class CycleAgreement(CoordinatorAgreement):
         cid = self.cache.get(key)
         if cid is not None and req.meta.kind in SAME_EVERYWHERE:
             self._ids[cid] = key
-            if _eager_candidate(req, self._eager_bytes):
+            if _eager_candidate(req) and self._eager_fits(req.arrays[0]):
                 self._eager[cid] = req
             self._ready |= 1 << cid
             self._ready_since[cid] = time.monotonic()
@@ -246,6 +252,12 @@ class CycleAgreement(CoordinatorAgreement):
                 ready &= exchange.bitmap(p, words)
         return c, flags, ready
 
+    def _eager_fits(self, array):
+        """Eager up to the slot size -- but an array the transport reduces where it lies (in the shm window) only
+        up to SHARED_EAGER_BYTES: past that its two barriers cost less than the copy into the slot."""
+        nbytes = array.nbytes
+        return 0 < nbytes <= self._eager_bytes and (nbytes <= SHARED_EAGER_BYTES or not self._shared(array))
+
     def _run_eager(self, cid):
         """If every rank published `cid`, reduce the published copies (in rank order: bitwise the same result on
         every rank) into our output; True when done."""
@@ -267,27 +279,35 @@ class CycleAgreement(CoordinatorAgreement):
 
     # ---- express -------------------------------------------------------------------------------------------
     def express(self, name, meta, array, out, make_request):
-        """One cycle for one small cached host allreduce when nothing else is pending on this rank: what add() and
-        poll() would do, minus their bookkeeping. Publish its id as our only ready bit with its data, gather, and
-        if no rank raised a flag and every rank published the same eager id, reduce into `out`: True. Any other
-        snapshot: make_request(name, meta, array, out) registers the request with the engine, the agreement takes
-        the state add() would have left, and the cycle's actions are returned for the engine to run -- the same
-        actions every other rank computes from the same snapshot. None (nothing done) when the fast path does not
-        apply: something pending, a name not cached yet, or too large for a slot."""
-        if self._ready or self._handed or self._dirty or not 0 < array.nbytes <= self._eager_bytes:
+        """One cycle for one cached host allreduce when nothing else is pending on this rank: what add() and poll()
+        would do, minus their bookkeeping. Publish its id as our only ready bit (with its data when it fits a slot),
+        gather, and if no rank raised a flag and every rank has that id ready:
+          - every rank published it eagerly: reduce the slots into `out`; True;
+          - else (too large for a slot, or some rank published no data or other data): AGREED -- the caller runs it
+            on the transport now. A rank that holds it as a request computes the same from that snapshot: one
+            action, not eager (its _run_eager sees the same headers), run by Executor.allreduce_one.
+        Any other snapshot: make_request(name, meta, array, out) registers the request with the engine, the
+        agreement takes the state add() would have left, and the cycle's actions are returned for the engine to run
+        -- the same actions every other rank computes from the same snapshot. None (nothing done) when the fast path
+        does not apply: something pending, or a name not cached yet."""
+        if self._ready or self._handed or self._dirty or not array.nbytes:
             return None
         key = (name, meta)
         cid = self.cache.get(key)
         if cid is None:
             return None
         bit = 1 << cid
-        c, flags, ready = self._exchange_slots(0, bit, (cid, array))
-        if not flags and ready and self._exchange.eager_everywhere(cid, array.nbytes):
-            self._reduce_eager(meta, out.reshape(-1), array.nbytes)
-            return True
+        eager = (cid, array) if self._eager_fits(array) else None
+        c, flags, ready = self._exchange_slots(0, bit, eager)
+        if not flags and ready:
+            if eager is not None and self._exchange.eager_everywhere(cid, array.nbytes):
+                self._reduce_eager(meta, out.reshape(-1), array.nbytes)
+                return True
+            return AGREED
         request = make_request(name, meta, array, out)
         self._ids[cid] = key
-        self._eager[cid] = request
+        if eager is not None:
+            self._eager[cid] = request
         self._ready = bit
         self._ready_since[cid] = time.monotonic()
         return self._slow_cycle(c) if flags else self._fast_actions(ready)
@@ -394,25 +414,27 @@ class CycleAgreement(CoordinatorAgreement):
             self._exchange = None
 
 
-def _eager_candidate(req, limit):
+def _eager_candidate(req):
     meta = req.meta
     return (meta.kind == "allreduce" and meta.device == "cpu" and len(req.arrays) == 1 and meta.scales[0] == 1.0
-            and req.outs[0] is not None and 0 < req.arrays[0].nbytes <= limit)
+            and req.outs[0] is not None)
 
 
 def window_eager_bytes(size):
     """How large an allreduce may travel in the cycle's shared-memory slots on one node of `size` ranks. Eager costs
     one synchronisation instead of three (the cycle, then the transport's two) but every rank reads all N copies, so
-    the limit falls with N. Measured on 2 cores (2 ranks, 4 ranks): eager beats the transport path up to 1-2 MB,
-    shared-window arrays included, and loses at 4 MB; the 1/N rule beyond 4 ranks is that traffic argument, not a
-    measurement."""
-    limit = max(EAGER_BYTES, min(2 << 20, WINDOW_EAGER_BYTES // max(size, 1)))
+    the limit falls with N. Measured on 2 cores, private float32, against the express cycle followed by the
+    transport (same-run A/B): 2 ranks eager wins at 512 KB and 1 MB (154-173 vs 258-306 us; 239-251 vs 288-395)
+    and loses at 2 MB (390-500 vs 321-446); 4 ranks it wins at 512 KB and ties at 1 MB. The 1/N rule beyond 4
+    ranks is that traffic argument, not a measurement."""
+    limit = max(EAGER_BYTES, WINDOW_EAGER_BYTES // max(size, 1))
     return limit // 4096 * 4096        # whole pages: slots stay aligned for any dtype and for the cache
 
 
-def make_agreement(topology, ctrl, config, watchdog):
+def make_agreement(topology, ctrl, config, watchdog, shared=None):
     """One node: cycles through a shared window. Several nodes: cycles through messages, up to
-    MESSAGE_CYCLE_MAX_RANKS ranks (each cycle costs N - 1 messages per rank); beyond that the coordinator."""
+    MESSAGE_CYCLE_MAX_RANKS ranks (each cycle costs N - 1 messages per rank); beyond that the coordinator.
+    shared(array): does the host transport reduce this array where it lies (see CycleAgreement._eager_fits)?"""
     if topology.size == 1:
         return CoordinatorAgreement(ctrl, config, watchdog)
     if topology.single_node:
@@ -421,4 +443,4 @@ def make_agreement(topology, ctrl, config, watchdog):
         exchange = MessageExchange(ctrl, config, watchdog, _WORDS, EAGER_BYTES)
     else:
         return CoordinatorAgreement(ctrl, config, watchdog)
-    return CycleAgreement(ctrl, exchange, config, watchdog)
+    return CycleAgreement(ctrl, exchange, config, watchdog, shared)

@@ -87,7 +87,7 @@ def allreduce(array, op=Average, name=None, prescale_factor=1.0, postscale_facto
     out = _allreduce_out(array, out)
     name = _name("allreduce", name, to)
     if prescale_factor == 1.0 and _check_array(array, "allreduce %r", name) == "cpu":
-        # a small cached allreduce with nothing else in flight takes one agreement cycle on this thread, with no
+        # a cached host allreduce with nothing else in flight takes one agreement cycle on this thread, with no
         # request and no handle (Engine.express); anything else takes the general path
         meta = _meta("allreduce", check_op_dtype(op, array.dtype), array.shape, int(op), -1, "cpu",
                      (1.0, float(postscale_factor)), ())

@@ -9,9 +9,10 @@
 Whoever holds the progress lock runs the pass, so MPI is only ever called by one thread at a time
 (MPI_THREAD_SERIALIZED is enough). A synchronous collective is driven on the caller's own thread (run()): no
 hand-off to the engine thread and no OS wake-up on the way back, and when no pass is running it skips the queue.
-A synchronous small host allreduce with nothing else in flight goes further (express()): one agreement cycle on
-the caller's thread, reduced from the cycle's slots, with no request, handle or action at all -- and when that
-cycle's snapshot says anything else it becomes an ordinary request then and there. The background thread keeps
+A synchronous host allreduce with nothing else in flight goes further (express()): one agreement cycle on the
+caller's thread, then the reduction -- from the cycle's slots when it fits them, else the transport call itself --
+with no request, handle or action at all; when that cycle's snapshot says anything else it becomes an ordinary
+request then and there. The background thread keeps
 asynchronous collectives moving while the caller computes, and follows peers into agreement cycles while this rank
 is idle.
 
@@ -27,7 +28,7 @@ import threading
 import time
 
 from . import errors
-from .agreement import make_agreement
+from .agreement import AGREED, make_agreement
 from .errors import RankFailureError, RingtrainError, ShutdownError, StallError
 from .executor import Executor
 from .fusion import HOST_OPS
@@ -54,7 +55,8 @@ class Engine:
         self.watchdog = Watchdog(topology.local_peers, config.peer_check_s)
         self.host_ops = HOST_OPS
         self.executor = Executor(topology, config, self.watchdog)
-        self.agreement = make_agreement(topology, self.ctrl, config, self.watchdog)
+        self.agreement = make_agreement(topology, self.ctrl, config, self.watchdog,
+                                        shared=self.executor.transport("cpu").holds)
         # waits inside transports keep our control messages moving (see Watchdog.progress)
         self.watchdog.progress = self.agreement.progress_sends
         self.requests = {}              # name -> Request taken from the queue, not yet run (progress lock)
@@ -239,8 +241,9 @@ class Engine:
 
     # ------------------------------------------------------------------------------------------------ express
     def express(self, name, meta, array, out):
-        """A synchronous allreduce of one small host array, tried in one agreement cycle on the caller's thread with
-        no request, handle or queue (agreement.CycleAgreement.express): True when `out` holds the result; a Handle
+        """A synchronous allreduce of one host array, tried in one agreement cycle on the caller's thread with no
+        request, handle or queue (agreement.CycleAgreement.express), then reduced from the cycle's slots or, too
+        large for them, on the transport right here: True when `out` holds the result; a Handle
         when the cycle decided otherwise and the collective continues on the general path; None when it does not
         apply (something else in flight, a first sighting, a timeline being written) and nothing was done."""
         if self.requests or self.join_handle is not None or self.executor.timeline is not None:
@@ -256,6 +259,9 @@ class Engine:
             outcome = self.agreement.express(name, meta, array, out, self._express_request)
             if outcome is None:
                 return None
+            if outcome is AGREED:
+                self.executor.allreduce_one(meta, array, out)
+                outcome = True
             if outcome is True:
                 self.executor.stats.record("allreduce", array.nbytes, time.perf_counter() - start)
                 return True

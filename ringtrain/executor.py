@@ -50,8 +50,10 @@ class Executor:
         """Execute `action`; complete every non-None request in reqs (aligned with action.names)."""
         kind, meta = action.kind, action.metas[0]
         if action.extra == ("eager",):       # reduced by the agreement cycle itself (agreement.py)
-            reqs[0].handle._set_result(reqs[0].result())
-            self.stats.record(kind, meta.nbytes, 0.0)
+            handle = reqs[0].handle
+            handle._set_result(reqs[0].result())
+            # no transport time to measure: the collective's time is from its submission to the cycle that did it
+            self.stats.record(kind, meta.nbytes, handle.times["finished"] - handle.times["submitted"])
             return
         ops = ops_for(meta.device)
         for r in reqs:
@@ -107,13 +109,8 @@ class Executor:
                 if dst is not src or prescale * postscale != 1.0:
                     ops.unpack(src.reshape(-1), [dst.reshape(-1)], prescale * postscale)
         elif len(sources) == 1 and not isinstance(sources[0], int) and meta.device == "cpu" and prescale == 1.0:
-            # one array (a single tensor, or an optimizer's flat bucket): no pack, no unpack -- the transport
-            # copies in only what peers read and reduces straight into the output
             t0 = time.perf_counter()
-            src = sources[0].reshape(-1)
-            # in place stays in place: two views of one buffer would make the transport copy it onto itself first
-            dst = src if targets[0] is sources[0] else targets[0].reshape(-1)
-            self.transport(meta.device).allreduce_out(src, dst, ReduceOp(meta.op), scale)
+            self.allreduce_one(meta, sources[0], targets[0])
             if self.timeline is not None:
                 self.timeline.span(reqs[0].name, "ring", t0, time.perf_counter())
         else:
@@ -138,6 +135,17 @@ class Executor:
             if r is not None:
                 r.handle._set_result(r.result(), done)
         return total * dtype.itemsize
+
+    def allreduce_one(self, meta, src, dst):
+        """One host array, no prescale (a single tensor, or an optimizer's flat bucket): no pack, no unpack -- the
+        transport copies in only what peers read and reduces straight into dst. Used for such a bucket and by the
+        engine's express path (one agreement cycle, then this), so both run the same transport calls."""
+        postscale = meta.scales[1]
+        scale = postscale / self.size if meta.op == ReduceOp.AVERAGE else postscale
+        flat = src.reshape(-1)
+        # in place stays in place: two views of one buffer would make the transport copy it onto itself first
+        out = flat if dst is src else dst.reshape(-1)
+        self.transport(meta.device).allreduce_out(flat, out, ReduceOp(meta.op), scale)
 
     # ------------------------------------------------------------------------------------------------ the others
     def _allgather(self, req, meta, first_dims, ops):

@@ -58,6 +58,11 @@ class Transport(abc.ABC):
         peers can read it), or None when the transport has no such memory (or none left). Valid until close()."""
         return None
 
+    def holds(self, buf):
+        """True when buf lies in memory this transport shares with its peers (shared_array(), staging_buffer()),
+        so an allreduce of it needs no copy in or out."""
+        return False
+
     def allreduce(self, buf, op):
         counts = even_counts(buf.size, self.size)
         self.reducescatter(buf, counts, op)

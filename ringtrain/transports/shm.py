@@ -125,6 +125,10 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
             self._pool_next = start + size
         return self._data[self.rank][start: start + int(nbytes)]
 
+    def holds(self, buf):
+        start = buf.__array_interface__["data"][0] - self._region_address
+        return 0 <= start and start + buf.nbytes <= self._region_bytes
+
     def _offset_in_region(self, buf):
         """Byte offset of buf inside our region, or None when buf is ordinary memory."""
         if buf.size == 0:

@@ -43,7 +43,7 @@ def test_a_cached_small_allreduce_completes_in_its_own_cycle(fallbacks):
     assert not state.engine().requests
     # the shutdown summary counts express calls with their real duration
     recorded = state.engine().stats.local()["allreduce"]
-    assert recorded["count"] >= 40 and recorded["seconds"] > 0 and min(recorded["samples"][-10:]) > 0, recorded
+    assert recorded["count"] >= 40 and min(recorded["samples"]) > 0, recorded
     # 40 calls, 2 first sightings: after them every call is express (a peer's idle engine thread may join a cycle
     # early and force one fallback now and then, not dozens)
     assert len(fallbacks) <= 6, f"rank {rt.rank()}: {len(fallbacks)} of 38 cached calls left the express path"
@@ -88,9 +88,35 @@ def test_a_peer_with_a_new_tensor_in_flight_flags_the_express_cycle(fallbacks):
         assert fallbacks.count("express.flagged") == 3, fallbacks
 
 
-def test_a_peer_publishing_other_eager_data_sends_the_call_through_the_executor(fallbacks):
+def test_a_peer_flagging_the_cycle_with_the_call_ready_sends_every_rank_to_the_coordinator(fallbacks, monkeypatch):
+    """The last rank submits a never-seen tensor and at once the cached one the others call, so one slot carries a
+    flag AND the cached id's bit: no rank may run that id from its express cycle -- the flagged cycle goes to the
+    coordinator everywhere."""
+    x, fresh = inputs(64, 9), inputs(5, 10)
+    late = rt.rank() == rt.size() - 1
+    rt.allreduce(x[rt.rank()], op=rt.Sum, name="express.flagged_ready")
+    if late:   # keep the engine thread asleep, so both requests go into one cycle of the caller's pass
+        monkeypatch.setattr(state.engine().wake, "set", lambda: None)
+    for call in range(3):
+        rt.barrier()
+        name = f"express.fresh_ready.{call}"
+        if late:
+            handle = rt.allreduce_async(fresh[rt.rank()], op=rt.Sum, name=name)
+            out = rt.allreduce(x[rt.rank()], op=rt.Sum, name="express.flagged_ready")
+            other = handle.wait()
+        else:
+            out = rt.allreduce(x[rt.rank()], op=rt.Sum, name="express.flagged_ready")
+            other = rt.allreduce(fresh[rt.rank()], op=rt.Sum, name=name)
+        np.testing.assert_array_equal(out, sum(x), err_msg=f"call {call}")
+        np.testing.assert_array_equal(other, sum(fresh), err_msg=f"call {call}")
+    assert not state.engine().requests
+
+
+def test_a_peer_publishing_other_eager_data_sends_the_call_through_the_transport(fallbacks):
     """The last rank has another small cached allreduce in flight (with the lower cache id, so its data is what it
-    publishes) when it calls the one the others call: no rank may reduce the slots eagerly for that cycle."""
+    publishes) when it calls the one the others call: no rank may reduce the slots eagerly for that cycle. The
+    others run the transport straight from their express cycle; the last rank runs the one action its general
+    path computes from the same snapshot."""
     first, second = inputs(33, 5), inputs(48, 6)
     late = rt.rank() == rt.size() - 1
     rt.allreduce(first[rt.rank()], op=rt.Sum, name="express.lower_id")       # cached first: the lower id
@@ -108,7 +134,7 @@ def test_a_peer_publishing_other_eager_data_sends_the_call_through_the_executor(
         np.testing.assert_array_equal(out, sum(second), err_msg=f"call {call}")
         np.testing.assert_array_equal(low, sum(first), err_msg=f"call {call}")
     if not late:
-        assert fallbacks.count("express.higher_id") == 3, fallbacks
+        assert fallbacks.count("express.higher_id") == 0, fallbacks
     assert not state.engine().requests
 
 
@@ -127,3 +153,41 @@ def test_allreduces_at_the_eager_limit_and_past_it(dtype):
         for call in range(3):                    # first sighting, then cached
             out = rt.allreduce(x[rt.rank()], name=f"express.limit.{np.dtype(dtype).name}.{n}")
             np.testing.assert_allclose(out.astype(np.float64), want, rtol=1e-6, err_msg=f"n={n}, call {call}")
+
+
+def test_past_the_slots_the_express_cycle_runs_the_transport(fallbacks, monkeypatch):
+    """Too large for a slot (or in the shm window and past SHARED_EAGER_BYTES), a cached allreduce still takes one
+    express cycle and then the transport call on this thread: no request, no handle. Private and in-window
+    arrays, in place and not, Sum and Average: equal to numpy."""
+    from ringtrain.agreement import window_eager_bytes
+    eng = state.engine()
+    ran = []
+    real = eng.executor.allreduce_one
+    monkeypatch.setattr(eng.executor, "allreduce_one", lambda *a: ran.append(a[0].nbytes) or real(*a))
+    n = window_eager_bytes(rt.size()) // 4 + 1 + 1000 * rt.size()
+    x = inputs(n, 7)
+    shared = rt.empty_shared(n, np.float32)
+    for call in range(4):
+        out = rt.allreduce(x[rt.rank()], op=rt.Sum, name="express.large")
+        np.testing.assert_array_equal(out, sum(x), err_msg=f"call {call}")
+        shared[...] = x[rt.rank()]
+        rt.allreduce(shared, name="express.large.shared", out=shared)
+        np.testing.assert_allclose(shared, sum(x) / rt.size(), rtol=1e-6, err_msg=f"call {call}")
+    assert not eng.requests
+    assert len(ran) == 8, ran                      # every call, first sightings included, ran the one-array path
+    assert len(fallbacks) <= 2, fallbacks          # after the first sightings: express (an idle peer may intrude)
+
+
+def test_ranks_with_and_without_their_array_in_the_window_take_one_path(fallbacks, monkeypatch):
+    """Past SHARED_EAGER_BYTES an array in the shm window does not travel eagerly but a private one does: when the
+    ranks differ, the private ranks see a rank without data in the slots and every rank runs the transport."""
+    from ringtrain import agreement
+    monkeypatch.setattr(agreement, "SHARED_EAGER_BYTES", 8 << 10)
+    n = 4099                                       # 16 KB of float32: past the (patched) limit, inside a slot
+    x = inputs(n, 8)
+    mine = rt.empty_shared(n, np.float32) if rt.rank() == 0 else np.empty(n, np.float32)
+    for call in range(4):
+        mine[...] = x[rt.rank()]
+        rt.allreduce(mine, op=rt.Sum, name="express.mixed", out=mine)
+        np.testing.assert_array_equal(mine, sum(x), err_msg=f"call {call}")
+    assert not state.engine().requests
