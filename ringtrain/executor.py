@@ -121,7 +121,13 @@ class Executor:
             if prescale != 1.0:
                 ops.scale(staging, prescale)
             t1 = time.perf_counter()
-            transport.allreduce(staging, ReduceOp(meta.op))
+            if meta.device == "cpu":
+                # the same transport call as allreduce_one's: a joined rank packs zeros here while the others take
+                # that path, and transports split the scaling between ranks (the owner of a block scales it)
+                transport.allreduce_out(staging, staging, ReduceOp(meta.op), scale)
+                scale = 1.0
+            else:
+                transport.allreduce(staging, ReduceOp(meta.op))
             t2 = time.perf_counter()
             ops.unpack(staging, targets, scale)
             if self.timeline is not None:

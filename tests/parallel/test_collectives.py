@@ -205,3 +205,23 @@ def test_bad_input_is_local_and_clear(transport):
     n = rt.size()
     np.testing.assert_array_equal(rt.allreduce(np.full(2, rt.rank() + 1.0), op=rt.Sum, name="after.bad"),
                                   np.full(2, n * (n + 1) / 2))
+
+
+@pytest.mark.parametrize("count", [12, 50001])     # the one-barrier path; blocks, chunks and owner-scaled pieces
+def test_average_while_ranks_have_joined(transport, count):
+    """Rank r stops after N - r steps and joins; the others' Average still divides by the full world size, with
+    zeros from the joined ranks (DDP's rule). Checked on every element: a joined rank must make the same transport
+    call as the active ones (it once reduced without the scale that block owners apply, leaving its blocks
+    unscaled on every rank)."""
+    n, r = rt.size(), rt.rank()
+    steps = [n - q for q in range(n)]
+    for step in range(steps[r]):
+        inputs = [data(q, (count,), np.float32, rt.Sum, 100 + step) for q in range(n)]
+        active = [q for q in range(n) if step < steps[q]]
+        want = sum(inputs[q].astype(np.float64) for q in active) / n
+        out = rt.allreduce(inputs[r], op=rt.Average, name=f"join.average.{count}")
+        np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6, err_msg=f"rank {r}, step {step}")
+        pair = rt.grouped_allreduce([inputs[r], inputs[r][:7]], op=rt.Average, name=f"join.grouped.{count}")
+        np.testing.assert_allclose(pair[0], want, rtol=1e-6, atol=1e-6, err_msg=f"rank {r}, step {step}")
+        np.testing.assert_allclose(pair[1], want[:7], rtol=1e-6, atol=1e-6, err_msg=f"rank {r}, step {step}")
+    assert rt.join() == 0
