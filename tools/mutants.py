@@ -256,7 +256,7 @@ MUTANTS = [
     Mutant("express_agreed_ignores_flags", "ringtrain/agreement.py",
            "        if not flags and ready:\n            if eager is not None",
            "        if ready:\n            if eager is not None",
-           (Tests((EXPRESS,), ranks=2, select="flagging_the_cycle"),),
+           (Tests((EXPRESS,), ranks=2, select="bit_in_the_flagged_cycle"),),
            "a rank runs its express allreduce although a peer flagged the cycle for the coordinator"),
     Mutant("joined_rank_reduces_without_the_scale", "ringtrain/executor.py",
            "            if meta.device == \"cpu\":\n                # the same transport call",

@@ -65,50 +65,33 @@ def test_a_late_peer_is_waited_for(fallbacks):
     assert not state.engine().requests
 
 
-def test_a_peer_with_a_new_tensor_in_flight_flags_the_express_cycle(fallbacks):
-    """The last rank first submits a never-seen tensor (a slow cycle through the coordinator) and only then the
-    cached one: the others' express cycle sees its flag or misses its bit, and still reduces both correctly."""
+@pytest.mark.parametrize("pause", [0.3, 0.0], ids=["bit_later", "bit_in_the_flagged_cycle"])
+def test_a_peer_with_a_new_tensor_in_flight_flags_the_express_cycle(fallbacks, monkeypatch, pause):
+    """The last rank first submits a never-seen tensor (a slow cycle through the coordinator) and then the cached
+    one the others call -- 0.3 s later, so the others' express cycle sees its flag and misses its bit; or at once
+    (its engine thread kept asleep), so one slot carries the flag AND the bit, and still no rank may run that id
+    from its express cycle: the flagged cycle goes to the coordinator everywhere. Both reduce correctly."""
     x, fresh = inputs(64, 3), inputs(5, 4)
     late = rt.rank() == rt.size() - 1
-    rt.allreduce(x[rt.rank()], op=rt.Sum, name="express.flagged")
-    for call in range(3):
-        rt.barrier()
-        name = f"express.fresh.{call}"
-        if late:
-            handle = rt.allreduce_async(fresh[rt.rank()], op=rt.Sum, name=name)
-            time.sleep(0.3)
-            out = rt.allreduce(x[rt.rank()], op=rt.Sum, name="express.flagged")
-            other = handle.wait()
-        else:
-            out = rt.allreduce(x[rt.rank()], op=rt.Sum, name="express.flagged")
-            other = rt.allreduce(fresh[rt.rank()], op=rt.Sum, name=name)
-        np.testing.assert_array_equal(out, sum(x), err_msg=f"call {call}")
-        np.testing.assert_array_equal(other, sum(fresh), err_msg=f"call {call}")
-    if not late:
-        assert fallbacks.count("express.flagged") == 3, fallbacks
-
-
-def test_a_peer_flagging_the_cycle_with_the_call_ready_sends_every_rank_to_the_coordinator(fallbacks, monkeypatch):
-    """The last rank submits a never-seen tensor and at once the cached one the others call, so one slot carries a
-    flag AND the cached id's bit: no rank may run that id from its express cycle -- the flagged cycle goes to the
-    coordinator everywhere."""
-    x, fresh = inputs(64, 9), inputs(5, 10)
-    late = rt.rank() == rt.size() - 1
-    rt.allreduce(x[rt.rank()], op=rt.Sum, name="express.flagged_ready")
-    if late:   # keep the engine thread asleep, so both requests go into one cycle of the caller's pass
+    cached = f"express.flagged.{pause}"
+    rt.allreduce(x[rt.rank()], op=rt.Sum, name=cached)
+    if late and not pause:   # both requests then go into one cycle of the caller's own pass
         monkeypatch.setattr(state.engine().wake, "set", lambda: None)
     for call in range(3):
         rt.barrier()
-        name = f"express.fresh_ready.{call}"
+        name = f"express.fresh.{pause}.{call}"
         if late:
             handle = rt.allreduce_async(fresh[rt.rank()], op=rt.Sum, name=name)
-            out = rt.allreduce(x[rt.rank()], op=rt.Sum, name="express.flagged_ready")
+            time.sleep(pause)
+            out = rt.allreduce(x[rt.rank()], op=rt.Sum, name=cached)
             other = handle.wait()
         else:
-            out = rt.allreduce(x[rt.rank()], op=rt.Sum, name="express.flagged_ready")
+            out = rt.allreduce(x[rt.rank()], op=rt.Sum, name=cached)
             other = rt.allreduce(fresh[rt.rank()], op=rt.Sum, name=name)
         np.testing.assert_array_equal(out, sum(x), err_msg=f"call {call}")
         np.testing.assert_array_equal(other, sum(fresh), err_msg=f"call {call}")
+    if pause and not late:
+        assert fallbacks.count(cached) == 3, fallbacks
     assert not state.engine().requests
 
 
