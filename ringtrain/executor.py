@@ -102,7 +102,7 @@ class Executor:
                 sources.extend(r.arrays)
                 targets.extend(r.outs)
         total = sum(_numel(m.shape) for m in metas)
-        scale = postscale / self.size if meta.op == ReduceOp.AVERAGE else postscale
+        scale = self._postscale(meta)
         if self.size == 1:
             # nothing to exchange: skip the staging copies (a 25 MB bucket costs ms each way)
             for src, dst in zip(sources, targets):
@@ -146,12 +146,16 @@ class Executor:
         """One host array, no prescale (a single tensor, or an optimizer's flat bucket): no pack, no unpack -- the
         transport copies in only what peers read and reduces straight into dst. Used for such a bucket and by the
         engine's express path (one agreement cycle, then this), so both run the same transport calls."""
-        postscale = meta.scales[1]
-        scale = postscale / self.size if meta.op == ReduceOp.AVERAGE else postscale
         flat = src.reshape(-1)
         # in place stays in place: two views of one buffer would make the transport copy it onto itself first
         out = flat if dst is src else dst.reshape(-1)
-        self.transport(meta.device).allreduce_out(flat, out, ReduceOp(meta.op), scale)
+        self.transport(meta.device).allreduce_out(flat, out, ReduceOp(meta.op), self._postscale(meta))
+
+    def _postscale(self, meta):
+        """What multiplies an allreduce's result: Average's 1/N (over the whole world, joined ranks included) times
+        the postscale factor."""
+        postscale = meta.scales[1]
+        return postscale / self.size if meta.op == ReduceOp.AVERAGE else postscale
 
     # ------------------------------------------------------------------------------------------------ the others
     def _allgather(self, req, meta, first_dims, ops):
