@@ -178,7 +178,10 @@ def test_projection_formulas():
 
 def test_step_breakdown_quick(tmp_path):
     """Every mode runs on 2 ranks; the cross-rank stamps are consistent: no rank leaves the barrier or
-    synchronize() before the last rank finished its backward (after_last >= 0), and waits are never negative."""
+    synchronize() before the last rank finished its backward (after_last >= 0), and waits are never negative.
+    With overlap a rank's last bucket leaves from a hook inside backward(), so a peer may finish that allreduce
+    while this rank is still returning from backward(): there after_last may dip below 0 by that return's time
+    (-0.08 ms seen in CI), never by a step's worth."""
     if mpiexec() is None:
         pytest.skip("mpiexec not found")
     pytest.importorskip("torch")
@@ -193,7 +196,7 @@ def test_step_breakdown_quick(tmp_path):
             if mode == "no-comm":    # free-running ranks share no step: nothing to wait for
                 assert r["after_last"] is None and r["wait"] is None
             else:
-                assert r["after_last"] >= 0 and r["wait"] >= 0, (mode, r)
+                assert r["after_last"] >= (-1.0 if mode == "overlap" else 0) and r["wait"] >= 0, (mode, r)
             assert 0 < r["fwd_bwd"] < r["step_wall"] and r["faults"] >= 0
     assert "after-backward against lockstep" in stdout and "overlap against lockstep" in stdout
 
