@@ -273,9 +273,7 @@ class CycleAgreement(CoordinatorAgreement):
     def _reduce_eager(self, meta, out, nbytes):
         exchange = self._exchange
         data = [exchange.eager_data(p, nbytes, out.dtype) for p in range(self.size)]
-        postscale = meta.scales[1]
-        scale = postscale / self.size if meta.op == ops.ReduceOp.AVERAGE else postscale
-        ops.reduce_in_rank_order(out, data, meta.op, scale)
+        ops.reduce_in_rank_order(out, data, meta.op, ops.result_scale(meta.op, meta.scales[1], self.size))
 
     # ---- express -------------------------------------------------------------------------------------------
     def express(self, name, meta, array, out, make_request):

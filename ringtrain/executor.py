@@ -10,7 +10,7 @@ import logging
 import time
 
 from .fusion import ops_for
-from .ops import DTYPES, ReduceOp
+from .ops import DTYPES, ReduceOp, result_scale
 from .timeline import open_timeline
 from .stats import CommStats
 from .transports import choice
@@ -102,7 +102,7 @@ class Executor:
                 sources.extend(r.arrays)
                 targets.extend(r.outs)
         total = sum(_numel(m.shape) for m in metas)
-        scale = self._postscale(meta)
+        scale = result_scale(meta.op, postscale, self.size)
         if self.size == 1:
             # nothing to exchange: skip the staging copies (a 25 MB bucket costs ms each way)
             for src, dst in zip(sources, targets):
@@ -149,13 +149,8 @@ class Executor:
         flat = src.reshape(-1)
         # in place stays in place: two views of one buffer would make the transport copy it onto itself first
         out = flat if dst is src else dst.reshape(-1)
-        self.transport(meta.device).allreduce_out(flat, out, ReduceOp(meta.op), self._postscale(meta))
-
-    def _postscale(self, meta):
-        """What multiplies an allreduce's result: Average's 1/N (over the whole world, joined ranks included) times
-        the postscale factor."""
-        postscale = meta.scales[1]
-        return postscale / self.size if meta.op == ReduceOp.AVERAGE else postscale
+        scale = result_scale(meta.op, meta.scales[1], self.size)
+        self.transport(meta.device).allreduce_out(flat, out, ReduceOp(meta.op), scale)
 
     # ------------------------------------------------------------------------------------------------ the others
     def _allgather(self, req, meta, first_dims, ops):
@@ -190,7 +185,7 @@ class Executor:
         start = sum(counts[:self.rank])
         out = ops.empty((rows[self.rank],) + tuple(meta.shape[1:]), dtype)
         prescale, postscale = meta.scales
-        scale = prescale * postscale / (self.size if meta.op == ReduceOp.AVERAGE else 1)
+        scale = prescale * result_scale(meta.op, postscale, self.size)
         ops.unpack(buf[start:start + counts[self.rank]], [out.reshape(-1)], scale)
         return out
 

@@ -107,6 +107,12 @@ def check_op_dtype(op, dtype):
     return name
 
 
+def result_scale(op, postscale, size):
+    """What multiplies a reduction's result: the postscale factor, and for Average 1/size -- the whole world's
+    size, joined ranks included (they contribute zeros, as in DDP's join)."""
+    return postscale / size if op == ReduceOp.AVERAGE else postscale
+
+
 def reduce_into(dst, src, op):
     """dst <- dst (op) src, elementwise, in place. Average combines as Sum."""
     UFUNCS[op](dst, src, out=dst)

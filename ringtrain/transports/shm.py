@@ -126,19 +126,22 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
         return self._data[self.rank][start: start + int(nbytes)]
 
     def holds(self, buf):
-        start = buf.__array_interface__["data"][0] - self._region_address
+        start = self._start(buf)
         return 0 <= start and start + buf.nbytes <= self._region_bytes
+
+    def _start(self, buf):
+        """Where buf's memory starts, in bytes from the start of our region (negative or past it: elsewhere)."""
+        return buf.__array_interface__["data"][0] - self._region_address
 
     def _offset_in_region(self, buf):
         """Byte offset of buf inside our region, or None when buf is ordinary memory."""
         if buf.size == 0:
             return None
-        start = buf.__array_interface__["data"][0] - self._region_address
-        if 0 <= start and start + buf.nbytes <= self._region_bytes:
+        if self.holds(buf):
             if not buf.flags.c_contiguous:
                 raise ValueError(f"rank {self.rank}: shm buffers must be contiguous")
-            return start
-        if -buf.nbytes < start < self._region_bytes:
+            return self._start(buf)
+        if -buf.nbytes < self._start(buf) < self._region_bytes:
             raise ValueError(f"rank {self.rank}: buffer of {buf.nbytes} bytes overlaps the end of the shared "
                              f"region ({self._region_bytes} bytes); use staging_buffer(nbytes) with nbytes <= "
                              f"capacity")
