@@ -23,6 +23,8 @@ class Config:
     check_every: int = 0               # parameter consistency check period (steps), 0 = off
     hierarchical: str = "auto"         # auto | 1 | 0: intra-node reduce-scatter, inter-node ring, intra allgather
     simulate_nodes: int = 0            # split one machine's ranks into this many pretend nodes (tests, benchmarks)
+    elastic: bool = False              # a dead peer ends only this world (ringtrain.elastic forms the next one):
+                                       # no forced exit of the process, and the old world is abandoned, not freed
 
     @classmethod
     def from_env(cls, **overrides):

@@ -374,7 +374,8 @@ class Engine:
     def _fail(self, error, fatal_peer=False, stop=False):
         if fatal_peer:
             # first say so: once a caller sees its error it may exit, taking this (daemon) thread with it
-            print(f"ringtrain rank {self.rank}: {error}; exiting", file=sys.stderr, flush=True)
+            print(f"ringtrain rank {self.rank}: {error}" + ("" if self.config.elastic else "; exiting"),
+                  file=sys.stderr, flush=True)
         with self._state_lock:
             if self.failed is None:
                 self.failed = error
@@ -398,9 +399,9 @@ class Engine:
         if fatal_peer or stop:
             self.finished.set()
             self.wake.set()
-        if fatal_peer:
+        if fatal_peer and not self.config.elastic:
             # a peer is gone: MPI can no longer finish collectives (MPI_Finalize included), so make sure this
-            # process ends non-zero soon even if the caller ignores the error
+            # process ends non-zero soon even if the caller ignores the error (an elastic job re-forms instead)
             _arm_hard_exit(DEAD_PEER_EXIT_GRACE_S)
 
     def _finish_shutdown(self):
@@ -410,6 +411,23 @@ class Engine:
         self.executor.finish(self.ctrl)
         self.finished.set()
         self.wake.set()
+
+    def abandon(self, error, timeout=5.0):
+        """Leave this world without another MPI call on it (a peer died; an elastic job forms a new world): every
+        wait ends with `error` on the engine's own thread (the watchdog's abort), so pending requests and the join
+        handle get it, and the thread stops. Nothing is freed: freeing is collective, and a peer is gone."""
+        with self._state_lock:
+            self.shutdown_requested = True
+        self.watchdog.abort_reason = str(error)
+        self.wake.set()
+        if not self.finished.wait(timeout):     # no pass noticed in time: fail it from here
+            locked = self._progress_lock.acquire(timeout=timeout)
+            try:
+                self._fail(error, stop=True)
+            finally:
+                if locked:
+                    self._progress_lock.release()
+        self.thread.join(timeout)
 
     def close(self):
         """Free MPI resources (collective); only after every rank's engine stopped cleanly."""

@@ -221,6 +221,19 @@ def _stop(membership):
 def shutdown_all():
     """Called by ringtrain.shutdown() before the world engine stops: every set's engine, in id order (the same on
     every rank, so two ranks sharing several sets never wait on each other in different orders)."""
+    for membership in _forget_all():
+        _stop(membership)
+
+
+def abandon_all(error):
+    """ringtrain.state.abandon(): every set's engine leaves its (dead) world without a collective call."""
+    members = _forget_all()
+    for membership in members:
+        membership.engine.abandon(error)
+
+
+def _forget_all():
+    """Unregister every set (world excluded) and return the memberships whose engines are still running."""
     global _next_id
     with _lock:
         members = [_members[i] for i in sorted(_members)]
@@ -230,8 +243,7 @@ def shutdown_all():
         _next_id = 1
     for process_set in registered:
         process_set._invalidate()
-    for membership in members:
-        _stop(membership)
+    return members
 
 
 def _world_ranks_of(comm, world):

@@ -74,6 +74,24 @@ def shutdown():
         topology.free()
 
 
+def abandon(reason):
+    """Leave the current world without any MPI call on it (collective calls would wait for a dead peer forever):
+    every engine's waits end with RankFailureError(reason), their threads stop, nothing is freed. init(comm=...)
+    may then start ringtrain on a new world. Used by ringtrain.elastic when a peer died; a no-op when not
+    initialised."""
+    global _state
+    from . import process_sets
+    from .errors import RankFailureError
+    with _lock:
+        if _state is None:
+            return
+        _, engine, _, _ = _state
+        _state = None
+    error = RankFailureError(reason)
+    process_sets.abandon_all(error)
+    engine.abandon(error)
+
+
 def _shutdown_at_exit():
     try:
         shutdown()
