@@ -40,7 +40,8 @@ from mpi4py import MPI
 from . import ops
 from .cycle_exchange import MESSAGE_CYCLE_MAX_RANKS, MessageExchange, WindowExchange
 from .errors import StallError
-from .negotiation import CACHE_CAPACITY, SAME_EVERYWHERE, Action, Coordinator, fuse_allreduces
+from .negotiation import SAME_EVERYWHERE, Action, Coordinator, fuse_allreduces
+from .response_cache import CacheView
 
 log = logging.getLogger("ringtrain")
 
@@ -52,12 +53,15 @@ STALL_CHECK_PERIOD_S = 0.5
 class CoordinatorAgreement:
     """Every decision through rank 0, asynchronously: ranks send what they submit, rank 0 answers with actions."""
 
-    def __init__(self, ctrl, config, watchdog):
+    synchronous = False              # ranks name cache ids in messages at any time (see response_cache.py)
+
+    def __init__(self, ctrl, config, watchdog, cache_capacity):
         self.ctrl, self.config, self.watchdog = ctrl, config, watchdog
         self.rank, self.size = ctrl.Get_rank(), ctrl.Get_size()
         self.coordinator = (Coordinator(self.size, config.fusion_threshold, config.stall_warning_s,
-                                        config.stall_timeout_s) if self.rank == 0 else None)
-        self.cache = {}                  # (name, Meta) -> id assigned by rank 0, the same on every rank
+                                        config.stall_timeout_s, cache_capacity=cache_capacity,
+                                        synchronous=self.synchronous) if self.rank == 0 else None)
+        self.cache = CacheView()         # (name, Meta) -> id assigned by rank 0, the same on every rank
         self._sends = []                 # outstanding isends on ctrl
         self._outbox = []                # messages for the coordinator not yet sent
         self._items = []                 # submissions not yet in a message
@@ -66,7 +70,8 @@ class CoordinatorAgreement:
     # ---- input -----------------------------------------------------------------------------------------------
     def add(self, req):
         key = (req.name, req.meta)
-        self._items.append(self.cache.get(key, key))
+        cid = self.cache.get(key)
+        self._items.append(key if cid is None else cid)
 
     def add_control(self, kind):
         self._flush_items()
@@ -78,7 +83,9 @@ class CoordinatorAgreement:
 
     def _flush_items(self):
         if self._items:
-            self._outbox.append(("submit", self._items))
+            # the ids in items mean what they meant after this many cache updates (rank 0 keeps evicted ids
+            # resolvable until every rank has said it applied the update that evicted them)
+            self._outbox.append(("submit", self._items, self.cache.updates))
             self._items = []
 
     # ---- progress --------------------------------------------------------------------------------------------
@@ -91,15 +98,15 @@ class CoordinatorAgreement:
             self._receive_submissions()
             actions = self.plan_with_stall_check()
             if actions:
-                new_cache = self.coordinator.take_new_cache_entries()
+                changes = self.coordinator.take_new_cache_entries()
                 for r in range(1, self.size):
-                    self._isend(("actions", actions, new_cache), r, TAG_FROM_COORDINATOR)
-                self.cache.update(new_cache)
+                    self._isend(("actions", actions, changes), r, TAG_FROM_COORDINATOR)
+                self._apply_cache_changes(changes)
         else:
             actions = []
             while self.ctrl.iprobe(source=0, tag=TAG_FROM_COORDINATOR):
-                _, more, new_cache = self.ctrl.recv(source=0, tag=TAG_FROM_COORDINATOR)
-                self.cache.update(new_cache)
+                _, more, changes = self.ctrl.recv(source=0, tag=TAG_FROM_COORDINATOR)
+                self._apply_cache_changes(changes)
                 actions.extend(more)
         self.progress_sends()
         return actions
@@ -125,10 +132,14 @@ class CoordinatorAgreement:
         else:
             self._isend(message, 0, TAG_TO_COORDINATOR)
 
+    def _apply_cache_changes(self, changes):
+        """Every rank, in the order rank 0 made them; returns the ids whose meaning changed."""
+        return self.cache.apply(changes)
+
     def _coordinate(self, rank, message):
         kind = message[0]
         if kind == "submit":
-            self.coordinator.submit(rank, message[1])
+            self.coordinator.submit(rank, message[1], message[2])
         elif kind == "join":
             self.coordinator.join(rank)
         elif kind == "shutdown":
@@ -158,7 +169,6 @@ AGREED = "agreed"            # express(): every rank has the allreduce ready and
 # flag bits of a cycle slot
 _WANTS_COORDINATOR = 1      # this rank has first sightings, join/shutdown, or a request pending too long
 _COORDINATOR_BUSY = 2       # rank 0: the Coordinator still holds undecided requests or joined ranks
-_WORDS = CACHE_CAPACITY // 64
 EAGER_BYTES = 64 << 10      # across nodes: a slot, eager data included, travels to every peer as a message
 WINDOW_EAGER_BYTES = 2 << 20    # on one node the slots are shared memory: eager up to this / N (64 KB .. 1 MB)
 SHARED_EAGER_BYTES = 512 << 10  # ... except arrays in the transport's shared window: eager only up to this
@@ -170,8 +180,10 @@ class CycleAgreement(CoordinatorAgreement):
     """Cached collectives are agreed in cycles through an exchange (cycle_exchange.py); the rest through the
     Coordinator."""
 
-    def __init__(self, ctrl, exchange, config, watchdog, shared=None):
-        super().__init__(ctrl, config, watchdog)
+    synchronous = True               # ids are named only in cycles; every change is applied in the slow cycle
+
+    def __init__(self, ctrl, exchange, config, watchdog, cache_capacity, shared=None):
+        super().__init__(ctrl, config, watchdog, cache_capacity)
         self._exchange = exchange
         self._shared = shared or (lambda array: False)   # does the host transport reduce this array where it lies?
         self._ids = {}                   # cache id -> (name, Meta), for ids usable on the fast path
@@ -180,8 +192,10 @@ class CycleAgreement(CoordinatorAgreement):
         self._handed = []                # items held for the next slow cycle
         self._dirty = False              # something new since the last cycle
         self._cycle = 0
-        self._words = 1                  # bitmap words in use: ids are dense and assigned in slow cycles, so this
-                                         # is the same on every rank in every cycle
+        self._words = 1                  # bitmap words in use: ids are reused lowest first and change only in
+                                         # slow cycles, so this is the same on every rank in every cycle
+        # rank 0 decides evictions: it keeps the cache's LRU order, touching every id the fast path runs
+        self._touch = self.coordinator.cache.touch if self.coordinator is not None else None
         self._eager = {}                 # id -> Request that may travel eagerly (small host allreduce)
         self._single_actions = {}        # (id, eager) -> its Action (the same few recur every step)
         self._peers = exchange.peers
@@ -298,6 +312,8 @@ class CycleAgreement(CoordinatorAgreement):
         eager = (cid, array) if self._eager_fits(array) else None
         c, flags, ready = self._exchange_slots(0, bit, eager)
         if not flags and ready:
+            if self._touch is not None:
+                self._touch(cid)
             if eager is not None and self._exchange.eager_everywhere(cid, array.nbytes):
                 self._reduce_eager(meta, out.reshape(-1), array.nbytes)
                 return True
@@ -321,6 +337,8 @@ class CycleAgreement(CoordinatorAgreement):
             ready ^= low
             self._ready &= ~low
             del self._ready_since[cid]
+            if self._touch is not None:
+                self._touch(cid)
             name, meta = self._ids[cid]
             eager = first and self._run_eager(cid)
             first = False
@@ -379,10 +397,18 @@ class CycleAgreement(CoordinatorAgreement):
             self._wait(receive, f"agreement cycle {c}: the coordinator's answer")
             cycle, actions, new_cache = answer[0]
             assert cycle == c, f"coordinator answered cycle {cycle} in cycle {c}"
-        self.cache.update(new_cache)
-        if self.cache:
-            self._words = max(self.cache.values()) // 64 + 1
+        self._apply_cache_changes(new_cache)
         return actions
+
+    def _apply_cache_changes(self, changes):
+        changed = super()._apply_cache_changes(changes)
+        if changed:
+            for cid in changed:
+                self._single_actions.pop((cid, False), None)
+                self._single_actions.pop((cid, True), None)
+                self._ids.pop(cid, None)
+            self._words = self.cache.highest // 64 + 1
+        return changed
 
     def _ids_in(self, bitmap):
         while bitmap:
@@ -433,12 +459,15 @@ def make_agreement(topology, ctrl, config, watchdog, shared=None):
     """One node: cycles through a shared window. Several nodes: cycles through messages, up to
     MESSAGE_CYCLE_MAX_RANKS ranks (each cycle costs N - 1 messages per rank); beyond that the coordinator.
     shared(array): does the host transport reduce this array where it lies (see CycleAgreement._eager_fits)?"""
+    # rank 0 assigns the ids, and every rank's slots must hold its bitmaps: rank 0's capacity is the job's
+    capacity = max(0, int(ctrl.bcast(config.cache_capacity, root=0)))
     if topology.size == 1:
-        return CoordinatorAgreement(ctrl, config, watchdog)
+        return CoordinatorAgreement(ctrl, config, watchdog, capacity)
+    words = max(1, -(-capacity // 64))
     if topology.single_node:
-        exchange = WindowExchange(topology.local, config, watchdog, _WORDS, window_eager_bytes(topology.size))
+        exchange = WindowExchange(topology.local, config, watchdog, words, window_eager_bytes(topology.size))
     elif topology.size <= MESSAGE_CYCLE_MAX_RANKS:
-        exchange = MessageExchange(ctrl, config, watchdog, _WORDS, EAGER_BYTES)
+        exchange = MessageExchange(ctrl, config, watchdog, words, EAGER_BYTES)
     else:
-        return CoordinatorAgreement(ctrl, config, watchdog)
-    return CycleAgreement(ctrl, exchange, config, watchdog, shared)
+        return CoordinatorAgreement(ctrl, config, watchdog, capacity)
+    return CycleAgreement(ctrl, exchange, config, watchdog, capacity, shared)

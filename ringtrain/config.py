@@ -14,6 +14,8 @@ class Config:
     cycle_time_ms: float = 1.0         # longest the engine sleeps before looking at the queue again
     segment_bytes: int = 1 * _MB       # ring pipeline segment
     max_message_elements: int = 2**31 - 1  # MPI counts are int: larger transfers are split
+    cache_capacity: int = 1024         # cached collectives (name + metadata) agreed by id; least recently used
+                                       # evicted first (Horovod's HOROVOD_CACHE_CAPACITY); 0 = no cache
     stall_warning_s: float = 30.0
     stall_timeout_s: float = 120.0
     peer_check_s: float = 0.5          # how often blocked waits look whether a peer process died

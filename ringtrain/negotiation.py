@@ -10,8 +10,9 @@ import dataclasses
 import time
 
 from .ops import DTYPES
+from .response_cache import ResponseCache
 
-CACHE_CAPACITY = 4096
+CACHE_CAPACITY = 1024         # Horovod's default (RINGTRAIN_CACHE_CAPACITY)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +129,10 @@ class _Entry:
 class Coordinator:
     """Rank 0's book of submitted requests. Feed it submissions; `plan()` returns the actions to broadcast."""
 
-    def __init__(self, size, fusion_threshold, stall_warning_s, stall_timeout_s, clock=time.monotonic):
+    def __init__(self, size, fusion_threshold, stall_warning_s, stall_timeout_s, clock=time.monotonic,
+                 cache_capacity=CACHE_CAPACITY, synchronous=True):
+        """synchronous: every rank applies each cache update before it names an id again (the cycle agreement's
+        slow cycles); otherwise submissions carry how many updates their sender applied (see response_cache)."""
         self.size = size
         self.fusion_threshold = fusion_threshold
         self.stall_warning_s = stall_warning_s
@@ -137,19 +141,23 @@ class Coordinator:
         self.pending = collections.OrderedDict()   # name -> _Entry, in order of first submission
         self.joined = {}                           # rank -> order of joining
         self.shut_down = set()
-        self.cache_by_id = []                      # id -> (name, meta)
-        self.cache_ids = {}                        # (name, meta) -> id
-        self._new_cache = {}                       # entries assigned since the last plan(), sent to every rank
+        self.cache = ResponseCache(cache_capacity, synchronous)
+        self._acknowledged = {r: 0 for r in range(1, size)}   # cache updates each other rank has applied
 
     # ---- input ---------------------------------------------------------------------------------------
-    def submit(self, rank, items):
-        """items: list of (name, Meta) or int cache ids."""
+    def submit(self, rank, items, updates=None):
+        """items: list of (name, Meta) or int cache ids; updates: how many cache updates the sender had applied
+        when it named those ids (the coordinator protocol; None in a slow cycle, where every rank applied all)."""
+        lookup = self.cache.lookup
         for item in items:
-            name, meta = self.cache_by_id[item] if isinstance(item, int) else item
+            name, meta = lookup(item) if isinstance(item, int) else item
             entry = self.pending.get(name)
             if entry is None:
                 entry = self.pending[name] = _Entry({}, self.clock())
             entry.metas[rank] = meta
+        if updates is not None and rank in self._acknowledged:
+            self._acknowledged[rank] = updates
+            self.cache.release(min(self._acknowledged.values()))
 
     def join(self, rank):
         self.joined.setdefault(rank, len(self.joined))
@@ -183,17 +191,13 @@ class Coordinator:
         return actions
 
     def take_new_cache_entries(self):
-        new, self._new_cache = self._new_cache, {}
-        return new
+        """The cache changes since the last call: [(id, (name, Meta) or None)], for every rank to apply in order."""
+        return self.cache.take_changes()
 
     def _remember(self, name, metas):
-        if len(self.cache_by_id) >= CACHE_CAPACITY:
-            return
-        for meta in set(metas.values()):
-            if (name, meta) not in self.cache_ids:
-                self.cache_ids[(name, meta)] = len(self.cache_by_id)
-                self.cache_by_id.append((name, meta))
-                self._new_cache[(name, meta)] = self.cache_ids[(name, meta)]
+        put = self.cache.put
+        for meta in dict.fromkeys(metas[r] for r in sorted(metas)):     # rank order: a deterministic choice
+            put((name, meta))
 
     def _decide(self, name, entry):
         metas = entry.metas

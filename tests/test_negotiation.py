@@ -68,7 +68,7 @@ def test_cache_ids_replace_metadata():
     c.submit(1, [("a", meta())])
     c.plan()
     ids = c.take_new_cache_entries()
-    assert ids == {("a", meta()): 0}
+    assert ids == [(0, ("a", meta()))]
     c.submit(0, [0])
     c.submit(1, [0])
     assert c.plan() == [Action("allreduce", ("a",), (meta(),))]
@@ -137,3 +137,65 @@ def test_a_fatal_stall_names_every_name_waiting_past_the_warning():
     _, fatal = c.check_stalls()
     assert "'grad.a' was submitted by rank 0 but not by rank 1" in fatal
     assert "'grad.b' was submitted by rank 1 but not by rank 0" in fatal
+
+
+def _run(c, name, m=None, ranks=(0, 1)):
+    for r in ranks:
+        c.submit(r, [(name, m or meta())])
+    return c.plan()
+
+
+def test_cache_is_bounded_and_evicts_the_least_recently_used():
+    c = Coordinator(2, 1 << 20, 1.0, 2.0, clock=lambda: 0.0, cache_capacity=2)
+    _run(c, "a")
+    _run(c, "b")
+    assert c.take_new_cache_entries() == [(0, ("a", meta())), (1, ("b", meta()))]
+    c.submit(0, [0])                        # a used again (by id): b is now the least recently used
+    c.submit(1, [0])
+    c.plan()
+    _run(c, "c")
+    # b evicted, its id handed to c, in one update every rank applies in order
+    assert c.take_new_cache_entries() == [(1, None), (1, ("c", meta()))]
+    assert c.cache.get(("b", meta())) is None and c.cache.get(("a", meta())) == 0 and len(c.cache) == 2
+
+
+def test_many_names_keep_ids_below_the_capacity():
+    c = Coordinator(3, 1 << 20, 1.0, 2.0, clock=lambda: 0.0, cache_capacity=64)
+    from ringtrain.response_cache import CacheView
+    views = [CacheView() for _ in range(3)]
+    for k in range(5000):
+        # an allgather with rank-dependent first dims: one entry per distinct Meta (3 ranks, 3 shapes)
+        for r in range(3):
+            c.submit(r, [(f"g{k}", meta((1 + r, 2), kind="allgather", op=-1))])
+        c.plan()
+        changes = c.take_new_cache_entries()
+        for v in views:
+            v.apply(changes)
+    assert len(c.cache) <= 64 and all(len(v) == len(c.cache) for v in views)
+    assert max(v.highest for v in views) < 64
+    assert views[0].ids == views[2].ids == c.cache.ids
+
+
+def test_capacity_zero_caches_nothing():
+    c = Coordinator(2, 1 << 20, 1.0, 2.0, clock=lambda: 0.0, cache_capacity=0)
+    assert _run(c, "a") == [Action("allreduce", ("a",), (meta(),))]
+    assert c.take_new_cache_entries() == [] and len(c.cache) == 0
+
+
+def test_asynchronous_eviction_keeps_an_id_until_every_rank_applied_it():
+    """The coordinator protocol: a rank may still name an evicted id in a message on its way; the id resolves to
+    its old entry, and is not reused, until every rank said it applied the update that evicted it."""
+    c = Coordinator(2, 1 << 20, 1.0, 2.0, clock=lambda: 0.0, cache_capacity=1, synchronous=False)
+    _run(c, "a")
+    assert c.take_new_cache_entries() == [(0, ("a", meta()))]       # update 1
+    _run(c, "b")                                                       # evicts a; no free id for b yet
+    assert c.take_new_cache_entries() == [(0, None)]                  # update 2
+    c.submit(1, [0], updates=1)             # rank 1 had not applied update 2: id 0 still means a
+    c.submit(0, [("a", meta())])
+    assert [a.names for a in c.plan()] == [("a",)]
+    assert c.cache.get(("a", meta())) is None                          # ... and a did not come back for id 0
+    c.take_new_cache_entries()
+    c.submit(1, [("b", meta())], updates=2)                            # now every rank applied update 2
+    c.submit(0, [("b", meta())])
+    c.plan()
+    assert c.take_new_cache_entries() == [(0, ("b", meta()))]

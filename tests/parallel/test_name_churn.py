@@ -1,0 +1,95 @@
+"""A job may use any number of distinct names: every name-keyed structure of the engine is bounded
+(RINGTRAIN_CACHE_CAPACITY) and evicts in an order every rank agrees on. Run here with a tiny capacity, so a few
+hundred names go far past it."""
+import numpy as np
+import pytest
+
+import ringtrain as rt
+from ringtrain import agreement as agreement_module
+from ringtrain import state
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+CAPACITY = 64
+
+
+@pytest.fixture(scope="module")
+def small_cache():
+    rt.shutdown()
+    rt.init(cache_capacity=CAPACITY)
+    yield
+    rt.shutdown()
+    rt.init()
+
+
+def _check_bounded():
+    agreement = state.engine().agreement
+    assert len(agreement.cache) <= CAPACITY
+    assert agreement.cache.highest < CAPACITY
+    if agreement.coordinator is not None:
+        assert len(agreement.coordinator.cache) <= CAPACITY
+        assert len(agreement.coordinator.cache.keys) <= CAPACITY
+
+
+def test_allgathers_with_a_new_name_per_batch_and_rank_dependent_rows(small_cache):
+    """The loop that crashed every engine at 4 ranks: one cache entry per (name, rank's shape)."""
+    rank, size = rt.rank(), rt.size()
+    want = np.ones(sum(1 + q % 3 for q in range(size)), np.float32)
+    for b in range(150):
+        handles = [rt.allgather_async(np.ones(1 + rank % 3, np.float32), name=f"churn.m{b}.{i}") for i in range(4)]
+        for h in handles:
+            np.testing.assert_array_equal(h.wait(), want)
+    _check_bounded()
+
+
+def test_cached_names_keep_working_while_new_names_evict_others(small_cache):
+    """Names used every step stay correct (and on the fast path, ids reused) while churn evicts around them;
+    submission order differs per rank."""
+    rank, size = rt.rank(), rt.size()
+    steady = [f"churn.steady.{k}" for k in range(CAPACITY // 4)]
+    total = size * (size + 1) // 2
+    for step in range(40):
+        rng = np.random.default_rng([step, rank])
+        names = steady + [f"churn.new.{step}.{k}" for k in range(CAPACITY // 2)]
+        order = rng.permutation(len(names))
+        handles = {}
+        for i in order:
+            x = np.full(1 + i % 5, rank + 1, np.float32)
+            if i % 3 == 0:
+                handles[i] = rt.broadcast_async(x, root_rank=i % size, name=names[i])
+            else:
+                handles[i] = rt.allreduce_async(x, op=rt.Sum, name=names[i])
+        for i, h in handles.items():
+            want = np.full(1 + i % 5, (i % size) + 1 if i % 3 == 0 else total, np.float32)
+            np.testing.assert_array_equal(h.wait(), want, err_msg=f"step {step} {names[i]}")
+        # and a synchronous call of a cached name between batches (the express path)
+        np.testing.assert_array_equal(rt.allreduce(np.full(3, rank + 1.0), op=rt.Sum, name=steady[step % 8]),
+                                      np.full(3, float(total)))
+    _check_bounded()
+
+
+def test_evicted_name_comes_back_with_the_right_result(small_cache):
+    rank, size = rt.rank(), rt.size()
+    first = rt.allreduce(np.full(7, rank + 1.0), op=rt.Sum, name="churn.comeback")
+    for k in range(2 * CAPACITY):                 # push it out of the cache
+        rt.allreduce(np.full(2, 1.0), op=rt.Sum, name=f"churn.push.{k}")
+    agreement = state.engine().agreement
+    assert not any(key[0] == "churn.comeback" for key in agreement.cache.ids)
+    again = rt.allreduce(np.full(7, rank + 1.0), op=rt.Sum, name="churn.comeback")
+    np.testing.assert_array_equal(first, again)
+    np.testing.assert_array_equal(again, np.full(7, size * (size + 1) / 2))
+
+
+def test_coordinator_protocol_evicts_without_losing_an_id_in_flight(small_cache, monkeypatch):
+    """Beyond MESSAGE_CYCLE_MAX_RANKS ranks across nodes every decision goes through rank 0 asynchronously: a rank
+    may name an id rank 0 has just evicted. Forced here on two pretend nodes."""
+    monkeypatch.setattr(agreement_module, "MESSAGE_CYCLE_MAX_RANKS", 1)
+    rt.shutdown()
+    rt.init(cache_capacity=CAPACITY, simulate_nodes=2)
+    try:
+        assert type(state.engine().agreement) is agreement_module.CoordinatorAgreement
+        test_allgathers_with_a_new_name_per_batch_and_rank_dependent_rows(None)
+        test_cached_names_keep_working_while_new_names_evict_others(None)
+    finally:
+        rt.shutdown()
+        rt.init(cache_capacity=CAPACITY)
