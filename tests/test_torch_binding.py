@@ -8,7 +8,14 @@ import torch
 import ringtrain.torch as hvd
 from ringtrain.errors import RingtrainError
 from ringtrain.torch import functions
-from ringtrain.torch.optimizer import _describe_model_mismatch, _layout_buckets
+from ringtrain.reducer import plan_buckets
+from ringtrain.torch.optimizer import _describe_model_mismatch, parameter_members
+
+
+def _layout_buckets(params, *args, **kwargs):
+    """The reducer's plan for torch tensors, as lists of the tensors."""
+    members = parameter_members(params, {id(p): f"p{i}" for i, p in enumerate(params)})
+    return [[m.key for m in bucket] for bucket in plan_buckets(members, *args, **kwargs)]
 
 
 @pytest.fixture(scope="module")

@@ -117,7 +117,7 @@ def from_array(array):
     return torch.from_dlpack(array)      # cupy (CUDA) results
 
 
-def _contiguous(tensor):
+def contiguous(tensor):
     return tensor if tensor.is_contiguous() else tensor.contiguous()
 
 
@@ -167,7 +167,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
                     process_set=global_process_set):
     """Start an allreduce of `tensor` into a new tensor; returns a TensorHandle."""
     op = resolve_op(op, average)
-    array = to_array(_contiguous(tensor))
+    array = to_array(contiguous(tensor))
     handle = _core.allreduce_async(array, op=op, name=name, prescale_factor=prescale_factor,
                                    postscale_factor=postscale_factor, process_set=process_set)
     return TensorHandle(handle, from_array)
@@ -179,7 +179,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     op, work, array = _in_place(tensor, average, op)
     handle = _core.allreduce_async(array, op=op, name=name, prescale_factor=prescale_factor,
                                    postscale_factor=postscale_factor, out=array, process_set=process_set)
-    return TensorHandle(handle, lambda _result: _copy_back(tensor, work))
+    return TensorHandle(handle, lambda _result: copy_back(tensor, work))
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -188,15 +188,15 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, po
     op, work, array = _in_place(tensor, average, op)
     _core.allreduce(array, op=op, name=name, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                     out=array, process_set=process_set)
-    return _copy_back(tensor, work)
+    return copy_back(tensor, work)
 
 
 def _in_place(tensor, average, op):
-    work = _contiguous(tensor)
+    work = contiguous(tensor)
     return resolve_op(op, average), work, to_array(work)
 
 
-def _copy_back(tensor, work):
+def copy_back(tensor, work):
     """In-place ops on a non-contiguous tensor ran on a contiguous copy; put the result where the user expects it."""
     if work is not tensor:
         with torch.no_grad():
@@ -208,7 +208,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
                             process_set=global_process_set):
     """One handle for many tensors, negotiated and fused together; wait() returns the list of results."""
     op = resolve_op(op, average)
-    arrays = [to_array(_contiguous(t)) for t in tensors]
+    arrays = [to_array(contiguous(t)) for t in tensors]
     handle = _core.grouped_allreduce_async(arrays, op=op, name=name, process_set=process_set,
                                            **_scales(prescale_factor, postscale_factor))
     return TensorHandle(handle, lambda results: [from_array(r) for r in results])
@@ -219,11 +219,11 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     """In-place grouped allreduce: each result lands in its own tensor; wait() returns the list of tensors."""
     op = resolve_op(op, average)
     tensors = list(tensors)
-    works = [_contiguous(t) for t in tensors]
+    works = [contiguous(t) for t in tensors]
     arrays = [to_array(w) for w in works]
     handle = _core.grouped_allreduce_async(arrays, op=op, name=name, outs=arrays, process_set=process_set,
                                            **_scales(prescale_factor, postscale_factor))
-    return TensorHandle(handle, lambda _results: [_copy_back(t, w) for t, w in zip(tensors, works)])
+    return TensorHandle(handle, lambda _results: [copy_back(t, w) for t, w in zip(tensors, works)])
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -269,7 +269,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     # allgather concatenates dim 0: ship indices as (nnz, ndim) rows
     indices = allgather_async(t.indices().t().contiguous(), name=f"{name}.indices", process_set=process_set)
     values = allgather_async(t.values().contiguous(), name=f"{name}.values", process_set=process_set)
-    divisor = _set_size(process_set) if op == Average else 1
+    divisor = set_size(process_set) if op == Average else 1
 
     def finish(all_indices, all_values):
         if divisor != 1:
@@ -278,7 +278,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     return SparseHandle(indices, values, finish)
 
 
-def _set_size(process_set):
+def set_size(process_set):
     return size() if process_set is None or process_set.process_set_id == 0 else process_set.size()
 
 
@@ -286,29 +286,29 @@ def _set_size(process_set):
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
     """Concatenate every rank's tensor along dim 0 (dim 0 may differ per rank)."""
-    handle = _core.allgather_async(to_array(_contiguous(tensor)), name=name, process_set=process_set)
+    handle = _core.allgather_async(to_array(contiguous(tensor)), name=name, process_set=process_set)
     return TensorHandle(handle, from_array)
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
-    handle = _core.grouped_allgather_async([to_array(_contiguous(t)) for t in tensors], name=name,
+    handle = _core.grouped_allgather_async([to_array(contiguous(t)) for t in tensors], name=name,
                                            process_set=process_set)
     return TensorHandle(handle, lambda results: [from_array(r) for r in results])
 
 
 def broadcast_async(tensor, root_rank=0, name=None, process_set=global_process_set):
     """Start a broadcast of root_rank's `tensor` into a new tensor on every rank. root_rank is a world rank."""
-    handle = _core.broadcast_async(to_array(_contiguous(tensor)), root_rank=root_rank, name=name,
+    handle = _core.broadcast_async(to_array(contiguous(tensor)), root_rank=root_rank, name=name,
                                    process_set=process_set)
     return TensorHandle(handle, from_array)
 
 
 def broadcast_async_(tensor, root_rank=0, name=None, process_set=global_process_set):
     """Start an in-place broadcast: every rank's `tensor` becomes root_rank's."""
-    work = _contiguous(tensor)
+    work = contiguous(tensor)
     array = to_array(work)
     handle = _core.broadcast_async(array, root_rank=root_rank, name=name, out=array, process_set=process_set)
-    return TensorHandle(handle, lambda _result: _copy_back(tensor, work))
+    return TensorHandle(handle, lambda _result: copy_back(tensor, work))
 
 
 def broadcast_(tensor, root_rank=0, name=None, process_set=global_process_set):
@@ -321,7 +321,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     splits_dtype = torch.int32      # Horovod's: int32, or the dtype of the splits tensor passed in
     if isinstance(splits, torch.Tensor):
         splits_dtype, splits = splits.dtype, splits.tolist()
-    handle = _core.alltoall_async(to_array(_contiguous(tensor)), splits=splits, name=name, process_set=process_set)
+    handle = _core.alltoall_async(to_array(contiguous(tensor)), splits=splits, name=name, process_set=process_set)
 
     def finish(result):
         received, received_splits = result
@@ -332,7 +332,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
                         postscale_factor=1.0):
     """Reduce over ranks and keep this rank's block of dim 0 (first blocks larger when it does not divide)."""
-    handle = _core.reducescatter_async(to_array(_contiguous(tensor)), op=as_op(op), name=name,
+    handle = _core.reducescatter_async(to_array(contiguous(tensor)), op=as_op(op), name=name,
                                        process_set=process_set, prescale_factor=prescale_factor,
                                        postscale_factor=postscale_factor)
     return TensorHandle(handle, from_array)
@@ -340,7 +340,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0):
-    handle = _core.grouped_reducescatter_async([to_array(_contiguous(t)) for t in tensors], op=as_op(op), name=name,
+    handle = _core.grouped_reducescatter_async([to_array(contiguous(t)) for t in tensors], op=as_op(op), name=name,
                                                process_set=process_set, prescale_factor=prescale_factor,
                                                postscale_factor=postscale_factor)
     return TensorHandle(handle, lambda results: [from_array(r) for r in results])

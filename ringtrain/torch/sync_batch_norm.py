@@ -84,7 +84,7 @@ class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
     def forward(self, input):
         self._check_input_dim(input)
         uses_batch_stats = self.training or self.running_mean is None
-        if not uses_batch_stats or functions._set_size(self.process_set) == 1:
+        if not uses_batch_stats or functions.set_size(self.process_set) == 1:
             return super().forward(input)
         factor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:

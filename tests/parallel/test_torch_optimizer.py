@@ -155,17 +155,71 @@ def test_gradient_predivide_factor_gives_the_same_average(rt):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_broadcast_optimizer_state_of_stepped_and_lazy_adam(rt):
+@SCHEDULES
+def test_op_sum_adds_the_gradients_of_all_ranks(rt, overlap):
+    """op=Sum: the step uses the sum of the ranks' gradients, i.e. size times the average; SGD with lr / size on
+    the sum equals one process with lr on the concatenated batch."""
+    n = rt.size()
+    data = batches(n, 1)
+    model, _ = train_distributed(rt, lambda params: torch.optim.SGD(params, lr=0.1 / n, momentum=0.9), data,
+                                 op=rt.Sum, overlap=overlap)
+    reference = train_reference(OPTIMIZERS["sgd_momentum"], data)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-9, msg=lambda m: f"{name}: {m}")
+
+
+class TwoBranches(torch.nn.Module):
+    """Two parallel layers whose outputs are added. Autograd runs the branch computed last first, so a rank that
+    computes them in the other order sees its gradients become final in another order."""
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(5)
+        self.a, self.b = torch.nn.Linear(6, 3).double(), torch.nn.Linear(6, 3).double()
+
+    def forward(self, x, a_first):
+        outs = [self.a(x), self.b(x)] if a_first else [self.b(x), self.a(x)]
+        return outs[0] + outs[1]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_ready_orders_differ_across_ranks_and_layouts_still_agree(rt):
+    """Each bucket holds one parameter; rank 0 sees branch b's gradients first, rank 1 branch a's. After step 1 the
+    buckets are re-laid in ONE order (rank 0's) on every rank; the result equals one process."""
+    data = batches(rt.size(), 1)
+    model, reference = TwoBranches(), TwoBranches()
+    opt = rt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  named_parameters=model.named_parameters(), first_bucket_mb=1e-6,
+                                  bucket_cap_mb=1e-6, overlap=True)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    lo, hi = rt.rank() * SHARD, (rt.rank() + 1) * SHARD
+    for step in data:
+        x, y = step[0]
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x[lo:hi], a_first=rt.rank() % 2 == 0), y[lo:hi]).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        torch.nn.functional.mse_loss(reference(x, a_first=True), y).backward()
+        ref_opt.step()
+    layout = [[opt._ringtrain.reducer.name_of(p) for p in bucket.keys] for bucket in opt._ringtrain.reducer.buckets]
+    assert rt.allgather_object(layout, name="check.two_branches.layout") == [layout] * rt.size()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-9, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("root", ["first", "last"])
+def test_broadcast_optimizer_state_of_stepped_and_lazy_adam(rt, root):
+    root = 0 if root == "first" else rt.size() - 1
     model = make_model(seed=7)
     rt.broadcast_parameters(model.named_parameters(), root_rank=0)
     opt = torch.optim.Adam(model.parameters(), lr=0.01 * (rt.rank() + 1))
-    if rt.rank() == 0:                     # only the root has state; the others' Adam state does not exist yet
+    if rt.rank() == root:                  # only the root has state; the others' Adam state does not exist yet
         model(torch.ones(2, 6, dtype=torch.float64)).sum().backward()
         opt.step()
-    rt.broadcast_optimizer_state(opt, root_rank=0)
+    rt.broadcast_optimizer_state(opt, root_rank=root)
     state = opt.state_dict()
-    everyone = rt.allgather_object(state, name="check.adam_state")
-    assert everyone[0]["param_groups"][0]["lr"] == 0.01
+    everyone = rt.allgather_object(state, name=f"check.adam_state.{root}")
+    assert everyone[0]["param_groups"][0]["lr"] == 0.01 * (root + 1)
     for r, other in enumerate(everyone):
         assert other["param_groups"] == everyone[0]["param_groups"], f"rank {r}"
         assert sorted(other["state"]) == sorted(everyone[0]["state"]) == [0, 1, 2, 3]
@@ -201,8 +255,9 @@ def test_first_allreduce_is_submitted_before_backward_ends(rt):
     seen = []
 
     def last_gradient_hook(param):           # registered after the optimizer's hooks: runs after them
-        submitted = [h.times["submitted"] for h, *_ in opt._rt_handles.values()]
-        seen.append((time.perf_counter(), min(submitted) if submitted else None, len(opt._rt_buckets)))
+        submitted = [p.handle.times["submitted"] for entries in opt._ringtrain.reducer.pending.values()
+                     for p in entries if p.handle is not None]
+        seen.append((time.perf_counter(), min(submitted) if submitted else None, len(opt._ringtrain.reducer.buckets)))
     first_layer.weight.register_post_accumulate_grad_hook(last_gradient_hook)
     inputs = [torch.randn(8, 64, generator=torch.Generator().manual_seed(r)) for r in range(rt.size())]
     x = inputs[rt.rank()]                    # distinct rows on every rank
@@ -213,8 +268,8 @@ def test_first_allreduce_is_submitted_before_backward_ends(rt):
     assert len(seen) == 3 and seen[0][2] > 2
     for hook_time, first_submitted, _ in seen:
         assert first_submitted is not None and first_submitted < hook_time
-    assert opt._rt_buckets[0].name.endswith(".g1.bucket0")           # layout was rebuilt after step 1
-    assert all(p is not first_layer.weight for p in opt._rt_buckets[0].params)
+    assert opt._ringtrain.reducer.buckets[0].name.endswith(".g1.bucket0")           # layout was rebuilt after step 1
+    assert all(p is not first_layer.weight for p in opt._ringtrain.reducer.buckets[0].keys)
     assert_same_on_all_ranks(rt, model, "check.tower")
     # one process on all ranks' rows: the mean over ranks of each rank's loss (a bucket reduced with Sum, or
     # scaled wrongly, still agrees across ranks but not with this)
@@ -282,11 +337,14 @@ def test_model_mismatch_across_ranks_is_an_error_on_every_rank(rt):
 
 @pytest.mark.mpi(min_size=2)
 @SCHEDULES
-def test_uneven_inputs_with_join(rt, overlap):
-    """Rank r has STEPS - 2r batches. After its last one it joins: the others' steps then average over the full
-    world size with zeros from the joined ranks (DDP's rule). The rank join() returns saw every step."""
+@pytest.mark.parametrize("first_joiner", ["last_rank", "rank0"])
+def test_uneven_inputs_with_join(rt, overlap, first_joiner):
+    """Rank r has STEPS - 2r batches (first_joiner=last_rank; rank0: STEPS - 2(n-1-r)). After its last one it joins:
+    the others' steps then average over the full world size with zeros from the joined ranks (DDP's rule). join()
+    returns the last rank to join, the one that saw every step."""
     n = rt.size()
-    steps_of = [STEPS - 2 * r for r in range(n)]
+    order = list(range(n)) if first_joiner == "last_rank" else list(reversed(range(n)))
+    steps_of = [STEPS - 2 * order[r] for r in range(n)]
     data = batches(n, 1)
     make = OPTIMIZERS["sgd_momentum"]
     model = make_model()
@@ -299,7 +357,7 @@ def test_uneven_inputs_with_join(rt, overlap):
         torch.nn.functional.mse_loss(model(x[lo:hi]), y[lo:hi]).backward()
         opt.step()
     last = rt.join()
-    assert last == 0
+    assert last == order.index(0)
     rt.broadcast_parameters(model.state_dict(), root_rank=last)
 
     reference = make_model()
@@ -314,7 +372,7 @@ def test_uneven_inputs_with_join(rt, overlap):
         ref_opt.step()
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-9)
-    assert_same_on_all_ranks(rt, model, f"check.join.{overlap}")
+    assert_same_on_all_ranks(rt, model, f"check.join.{overlap}.{first_joiner}")
 
 
 @pytest.mark.mpi(min_size=2)
