@@ -2,8 +2,9 @@
 rank's input (all inputs are known functions of the rank) and runs the same computation without communication.
 
 Rank r's loss is (y_r * w_r).sum() with its own weights w_r. Horovod's rules, which these tests pin down:
-allreduce/alltoall/reducescatter gradients are those of the SUM of the ranks' losses; allgather and broadcast ones
-are those of their MEAN (Horovod averages their gradient).
+allreduce/alltoall gradients are those of the SUM of the ranks' losses; allgather and broadcast ones are those of their
+MEAN (Horovod averages their gradient); reducescatter's is the set's size times that of the SUM (Horovod's backward
+allgathers the gradient and multiplies by the size for op=Sum, and does not divide for op=Average).
 """
 import pytest
 import torch
@@ -117,7 +118,20 @@ def test_reducescatter_gradient_is_an_allgather(op, pre, post):
     blocks = torch.tensor_split(reduced, n)
     torch.testing.assert_close(y.detach(), blocks[r].detach())
     sum((blocks[s] * w_of(s, blocks[s].shape)).sum() for s in range(n)).backward()
-    assert_grad(x.grad, xs[r].grad)
+    assert_grad(x.grad, n * xs[r].grad)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("op, want", [(hvd.Sum, "size"), (hvd.Average, "one")])
+@pytest.mark.parametrize("grouped", [False, True])
+def test_reducescatter_gradient_of_ones_as_horovod(op, want, grouped):
+    """Horovod's numbers: a gradient of ones comes back as the set's size for Sum (2 with 2 ranks), as ones for
+    Average."""
+    n = hvd.size()
+    x = torch.ones(2 * n, 3, dtype=torch.float64, requires_grad=True)
+    y = (hvd.grouped_reducescatter([x], op=op)[0] if grouped else hvd.reducescatter(x, op=op))
+    y.sum().backward()
+    assert_grad(x.grad, torch.full_like(x, float(n) if want == "size" else 1.0))
 
 
 @pytest.mark.mpi(min_size=2)
@@ -134,7 +148,7 @@ def test_grouped_forms_are_differentiable():
     for s in range(n):
         outs = [sum(xa), sum(xb), torch.cat(xa), torch.cat(xb),
                 torch.tensor_split(sum(xa) / n, n)[s], torch.tensor_split(sum(xb).view(3, 1) / n, n)[s]]
-        scale = [1, 1, 1 / n, 1 / n, 1, 1]       # allgather's gradient is averaged (Horovod)
+        scale = [1, 1, 1 / n, 1 / n, n, n]       # allgather's gradient is averaged, reducescatter's times n (Horovod)
         ref = ref + sum(c * (t * w_of(s + 10 * i, t.shape)).sum() for i, (t, c) in enumerate(zip(outs, scale)))
     ref.backward()
     assert_grad(a.grad, xa[r].grad)
