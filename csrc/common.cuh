@@ -42,32 +42,28 @@ template <> struct Math<__nv_bfloat16> {
     static __device__ __forceinline__ __nv_bfloat16 store(float x) { return __float2bfloat16_rn(x); }
 };
 
-// Scaling for Average and pre/post-scale factors. Floats multiply. Integers floor-divide by `divisor`
-// when the factor is an exact 1/k (what numpy's floor_divide gives in ringtrain.ops.scale_into), else
-// they multiply in double and truncate (numpy's astype).
+// Scaling for Average and pre/post-scale factors. Floats multiply. Integers divide by `divisor`, rounding
+// toward zero as Horovod's integer Average (ringtrain.ops.truncating_divide), when the factor is an exact 1/k,
+// else they multiply in double and truncate (numpy's astype).
 __device__ __forceinline__ float scale_value(float x, double s, i64) { return x * (float)s; }
 __device__ __forceinline__ double scale_value(double x, double s, i64) { return x * s; }
 // Division in the narrowest type that holds the value: 64-bit integer division is many times slower
 // than 32-bit on the GPU, and int8/int16/int32 never need it.
 template <typename I> struct Wide { typedef int type; };
 template <> struct Wide<long long> { typedef long long type; };
-// 8-bit values (|x| < 2**24) floor-divide exactly in float: a correctly rounded quotient never crosses an
+// 8-bit values (|x| < 2**24) divide exactly in float: a correctly rounded quotient never crosses an
 // integer, and float division is several times cheaper than integer division by a runtime divisor.
-__device__ __forceinline__ signed char floor_div_small(signed char x, i64 d) {
-    return (signed char)floorf(__fdiv_rn((float)x, (float)d));
+__device__ __forceinline__ signed char trunc_div_small(signed char x, i64 d) {
+    return (signed char)truncf(__fdiv_rn((float)x, (float)d));
 }
 template <typename I> __device__ __forceinline__ I scale_signed(I x, double s, i64 d) {
     typedef typename Wide<I>::type W;
-    if (sizeof(I) == 1 && d > 1) return (I)floor_div_small((signed char)x, d);
-    if (d > 1) {
-        W v = (W)x, q = v / (W)d;
-        if (v % d != 0 && v < 0) q -= 1;   // C division truncates; numpy floors
-        return (I)q;
-    }
+    if (sizeof(I) == 1 && d > 1) return (I)trunc_div_small((signed char)x, d);
+    if (d > 1) return (I)((W)x / (W)d);     // C division truncates toward zero, as Horovod's Average
     return (I)((double)x * s);
 }
 template <typename I> __device__ __forceinline__ I scale_unsigned(I x, double s, i64 d) {
-    if (d > 1) return (I)__fdiv_rz((float)x, (float)d);   // uint8/uint16 (< 2**24): exact as floor_div_small
+    if (d > 1) return (I)__fdiv_rz((float)x, (float)d);   // uint8/uint16 (< 2**24): exact as trunc_div_small
     return (I)((double)x * s);
 }
 __device__ __forceinline__ signed char scale_value(signed char x, double s, i64 d) { return scale_signed(x, s, d); }

@@ -2,7 +2,7 @@
 //
 // One kernel per (op, dtype): reduce_<op>_<dtype>(dst, src, n, scale, divisor), e.g. reduce_sum_float32.
 // Average is launched as sum with scale = 1/N, so the division costs no extra pass over memory.
-// `divisor` is round(1/scale) when that is exact, for integer floor division (see scale_value).
+// `divisor` is round(1/scale) when that is exact, for integer division rounding toward zero (see scale_value).
 // The kernel is memory bound (2 loads + 1 store per element); its speed is measured against a
 // device-to-device copy in benchmarks/gpu_kernels.py.
 #include "common.cuh"

@@ -77,7 +77,7 @@ def _submit(kind, array, name, op=-1, root=-1, scales=(1.0, 1.0), splits=(), out
 def allreduce_async(array, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0, out=None,
                     process_set=None):
     """Reduce `array` over all ranks (of `process_set`). `out=array` reduces in place. Average divides by the number
-    of ranks (integers: floor)."""
+    of ranks (integers: rounded toward zero, as Horovod)."""
     return _allreduce(array, op, name, prescale_factor, postscale_factor, out, False, process_set)
 
 

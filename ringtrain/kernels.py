@@ -98,8 +98,8 @@ def _kernel_dtype(dtype, op=None):
 
 
 def integer_divisor(dtype, scale):
-    """round(1/scale) when scale is exactly 1/k for an integer dtype (the kernels then floor-divide, as
-    ringtrain.ops.scale_into does), else 0 (multiply and truncate)."""
+    """round(1/scale) when scale is exactly 1/k for an integer dtype (the kernels then divide, rounding toward zero
+    as ringtrain.ops.scale_into does), else 0 (multiply and truncate)."""
     if np.dtype(dtype).kind not in "iub" or scale == 1.0 or scale == 0.0:
         return 0
     inv = round(1.0 / scale)

@@ -129,8 +129,19 @@ def reduce_in_rank_order(out, arrays, op, scale=1.0):
         scale_into(out, out, scale)
 
 
+def truncating_divide(src, divisor, dst):
+    """dst <- src / divisor for integers, rounded toward zero as Horovod's integer Average (-75 / 2 = -37, where
+    numpy's floor_divide gives -38). dst may be src."""
+    if src.dtype.kind == "u":
+        np.floor_divide(src, divisor, out=dst)
+        return
+    round_up = (np.remainder(src, divisor) != 0) & (src < 0)    # before dst overwrites src
+    np.floor_divide(src, divisor, out=dst)
+    np.add(dst, round_up, out=dst, casting="unsafe")
+
+
 def scale_into(dst, src, factor):
-    """dst <- src * factor; integers use floor division by the inverse when factor is 1/N."""
+    """dst <- src * factor; integers divide by the inverse, rounding toward zero, when factor is 1/N."""
     if factor == 1.0:
         if dst is not src:
             np.copyto(dst, src)
@@ -138,7 +149,7 @@ def scale_into(dst, src, factor):
     if dst.dtype.kind in "iu":
         inv = round(1.0 / factor)
         if abs(inv * factor - 1.0) < 1e-12:
-            np.floor_divide(src, inv, out=dst)
+            truncating_divide(src, inv, dst)
         else:
             np.copyto(dst, (src * factor).astype(dst.dtype))
     elif dst.dtype.itemsize == 2:

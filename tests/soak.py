@@ -121,7 +121,7 @@ def reduce_reference(inputs, spec):
         out = stack.prod(0)
     if op == "Average":
         if dtype.kind in "iu":
-            return np.floor_divide(out, len(inputs)).astype(dtype)
+            return (np.sign(out) * (np.abs(out) // len(inputs))).astype(dtype)   # toward zero, as Horovod
         out = out / len(inputs)
     return (out * post).astype(dtype)
 

@@ -49,11 +49,12 @@ NUMPY_UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.MIN: np.minimum, ReduceOp.MAX: np
 
 def scaled(x, scale):
     """x * scale in x's dtype: 16-bit floats multiply in float32 (the scale rounded to float32 too) and round once;
-    integers floor-divide when scale is exactly 1/k (Average's rule), as numpy's floor_divide."""
+    integers divide when scale is exactly 1/k, rounding toward zero (Horovod's integer Average)."""
     if x.dtype.kind in "iu":
         k = round(1.0 / scale)
         assert k * scale == 1.0, "the tests only scale integers by 1/k"
-        return np.floor_divide(x, x.dtype.type(k))
+        wide = x.astype(np.int64)
+        return (np.sign(wide) * (np.abs(wide) // k)).astype(x.dtype)
     wide = np.float64 if x.dtype == np.float64 else np.float32
     return (x.astype(wide) * wide(scale)).astype(x.dtype)
 
@@ -100,7 +101,7 @@ def test_reduce_with_fused_average_scale(cp, kernels, dtype_name):
     da, db = to_device(cp, a), to_device(cp, b)
     kernels.reduce(da, db, ReduceOp.AVERAGE, scale=1.0 / nranks)
     if a.dtype.kind in "iu":
-        want = scaled(a + b, 1.0 / nranks)           # the sum wraps in the dtype, then floor division
+        want = scaled(a + b, 1.0 / nranks)           # the sum wraps in the dtype, then divides toward zero
     else:                                            # the sum is not rounded to the dtype before the scale
         wide = np.float64 if a.dtype == np.float64 else np.float32
         want = ((a.astype(wide) + b.astype(wide)) * wide(1.0 / nranks)).astype(a.dtype)

@@ -48,7 +48,7 @@ def reference(inputs, op, dtype):
     else:
         ref = stack.prod(0)
     if op == rt.Average:
-        ref = np.floor_divide(ref, n) if np.dtype(dtype).kind in "iu" else ref / n
+        ref = np.sign(ref) * (np.abs(ref) // n) if np.dtype(dtype).kind in "iu" else ref / n   # toward zero
     return ref.astype(dtype)
 
 

@@ -34,6 +34,19 @@ def test_16_bit_integers(dtype):
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int32, torch.int64])
+def test_integer_average_rounds_toward_zero_as_horovod(dtype):
+    """Rank 0 holds the values, the others zeros: Average is value / size rounded toward zero (-75 / 2 = -37;
+    numpy's floor division would give -38)."""
+    values = [-75, -1, 75, 1, -5, -100]
+    mine = torch.tensor(values if hvd.rank() == 0 else [0] * len(values), dtype=dtype)
+    want = torch.tensor([int(v / hvd.size()) for v in values], dtype=dtype)
+    assert torch.equal(hvd.allreduce(mine, op=hvd.Average, name=f"trunc.{dtype}"), want)
+    grouped = hvd.grouped_allreduce([mine, mine[:2]], op=hvd.Average, name=f"trunc.grouped.{dtype}")
+    assert torch.equal(grouped[0], want) and torch.equal(grouped[1], want[:2])
+
+
 def test_reducescatter_takes_name_then_op():
     n, r = hvd.size(), hvd.rank()
     x = torch.arange(n * 2, dtype=torch.float64).reshape(n, 2) + r
@@ -140,9 +153,10 @@ def test_groups_define_the_buckets(grouping):
         opt.zero_grad()
         model(_data(hvd.rank())).pow(2).sum().backward()
         opt.step()
-        assert len(opt._rt_buckets) == expected
+        assert len(opt._ringtrain.reducer.buckets) == expected
         if grouping == "lists":
-            assert any({id(p) for p in b.params} == {id(params[0]), id(params[3])} for b in opt._rt_buckets)
+            assert any({id(p) for p in b.keys} == {id(params[0]), id(params[3])}
+                       for b in opt._ringtrain.reducer.buckets)
     for p, want in zip(model.parameters(), _reference_grads(1)):
         torch.testing.assert_close(p.grad, want)
 
