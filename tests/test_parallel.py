@@ -114,7 +114,8 @@ def test_parallel_suite(num_ranks):
     run_job(num_ranks, PARALLEL_DIR, JOB_TIMEOUT_S)
 
 
-SIMULATED_NODES_FILES = ["test_simulated_nodes.py", "test_collectives.py", "test_engine_steady_state.py"]
+SIMULATED_NODES_FILES = ["test_simulated_nodes.py", "test_collectives.py", "test_engine_steady_state.py",
+                         "test_sharded_optimizer.py"]
 
 
 @pytest.mark.timeout(JOB_TIMEOUT_S + 60)

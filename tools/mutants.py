@@ -59,6 +59,7 @@ FUSED = "tests/parallel/test_fused_allreduce.py"
 OPTIMIZER_REFERENCE = "tests/parallel/test_optimizer_reference.py"
 HIERARCHICAL = "tests/parallel/test_hierarchical.py"
 EXPRESS = "tests/parallel/test_express.py"
+SHARDED = "tests/parallel/test_sharded_optimizer.py"
 
 MUTANTS = [
     Mutant("shm_reduce_skips_a_peer", "ringtrain/transports/shm.py",
@@ -284,6 +285,21 @@ MUTANTS = [
            "return True",
            (Tests(("tests/test_watchdog.py",)),),
            "a peer that died but was not yet reaped by its parent counts as alive"),
+    Mutant("sharded_skips_a_shards_update", "ringtrain/torch/sharded.py",
+           "            for piece, view in zip(self.pieces, self.views):\n                lo = piece.offset",
+           "            for piece, view in zip(self.pieces[1:], self.views[1:]):\n                lo = piece.offset",
+           (Tests((SHARDED,), ranks=3, select="test_n_ranks_equal_one_process"),),
+           "each rank's first piece gets no gradient, so the optimizer leaves that part of its shard unchanged"),
+    Mutant("sharded_allgather_unpacks_from_a_wrong_offset", "ringtrain/torch/sharded.py",
+           "[whole[s:s + p.numel()] for p, s in zip(params, bucket.starts)]",
+           "[whole[:p.numel()] for p, s in zip(params, bucket.starts)]",
+           (Tests((SHARDED,), ranks=2, select="test_n_ranks_equal_one_process"),),
+           "every parameter of a bucket is unpacked from the start of the gathered bucket"),
+    Mutant("sharded_clip_without_the_cross_rank_norm", "ringtrain/torch/sharded.py",
+           '        functions.allreduce_(total, name=f"{self.prefix}.grad_norm"',
+           '        (lambda *a, **k: None)(total, name=f"{self.prefix}.grad_norm"',
+           (Tests((SHARDED,), ranks=2, select="clip"),),
+           "each rank clips its shard by the norm of its own shard only"),
 ]
 
 

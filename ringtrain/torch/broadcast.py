@@ -83,6 +83,11 @@ def broadcast_optimizer_state(optimizer, root_rank=0, model=None, process_set=gl
     not needed.
     """
     is_root = functions.rank() == root_rank
+    if hasattr(optimizer, "scatter_state_dict"):
+        # DistributedOptimizer(..., shard=...): the whole state gathered on the root, then each rank keeps its slices
+        optimizer.consolidate_state_dict(to=root_rank)
+        optimizer.scatter_state_dict(optimizer.state_dict() if is_root else None, root_rank=root_rank)
+        return
     state_dict = optimizer.state_dict() if is_root else None
     skeleton = _replace(state_dict, torch.Tensor, _TensorSpec) if is_root else None
     skeleton = functions.broadcast_object(skeleton, root_rank=root_rank, name="broadcast_optimizer_state.skeleton",

@@ -55,6 +55,12 @@ def _check_plain(value, where):
                         f"None, or lists/tuples/dicts of them")
 
 
+def _is_sharded(optimizer):
+    """DistributedOptimizer(..., shard=...): its state is spread over the ranks, so saving and loading it are
+    collective (consolidate on rank 0, scatter from rank 0)."""
+    return hasattr(optimizer, "scatter_state_dict")
+
+
 def _fsync_directory(directory):
     fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
@@ -94,6 +100,8 @@ def save_checkpoint(path, model, optimizer=None, **extra):
     Every rank must call it (it is collective); returns `path` once the file is durably in place."""
     _check_plain(extra, "extra")
     error_text = None
+    if _is_sharded(optimizer):
+        optimizer.consolidate_state_dict(to=0)     # collective: the whole state on rank 0 for its state_dict()
     if _rank() == 0:
         payload = {"format": FORMAT, "model": model.state_dict(),
                    "optimizer": optimizer.state_dict() if optimizer is not None else None, "extra": extra}
@@ -120,16 +128,19 @@ def load_checkpoint(path, model, optimizer=None):
             if optimizer is not None:
                 if payload["optimizer"] is None:
                     raise ValueError("the checkpoint has no optimizer state, but an optimizer was passed")
-                optimizer.load_state_dict(payload["optimizer"])
+                if not _is_sharded(optimizer):
+                    optimizer.load_state_dict(payload["optimizer"])
             extra = payload["extra"]
         except Exception as error:
             if not _distributed():
                 raise
             error_text = f"{type(error).__name__}: {error}"
     _agree(error_text, "load", path)
+    if _is_sharded(optimizer):       # each rank keeps its slices of rank 0's state
+        optimizer.scatter_state_dict(payload["optimizer"] if _rank() == 0 else None, root_rank=0)
     if _distributed():
         broadcast_parameters(model.state_dict(), root_rank=0, prefix="ringtrain.checkpoint.model")
-        if optimizer is not None:
+        if optimizer is not None and not _is_sharded(optimizer):
             broadcast_optimizer_state(optimizer, root_rank=0)
         extra = functions.broadcast_object(extra, root_rank=0, name="ringtrain.checkpoint.extra")
     return extra
