@@ -47,6 +47,9 @@ log = logging.getLogger("ringtrain")
 
 TAG_TO_COORDINATOR = 11
 TAG_FROM_COORDINATOR = 12
+TAG_FAILURE = 14            # "my engine failed": every peer ends its waits and its engine on it
+ANNOUNCE_S = 2.0            # how long a failing rank waits for its peers to take its failure message (each
+                            # looks every peer_check_s, 0.5 s by default, wherever it waits or idles)
 STALL_CHECK_PERIOD_S = 0.5
 
 
@@ -159,6 +162,26 @@ class CoordinatorAgreement:
         """Test outstanding sends: MPI moves a large (rendezvous) message only while the sender calls into MPI."""
         if self._sends:
             self._sends = [r for r in self._sends if not r.Test()]
+
+    def announce_failure(self, message):
+        """Tell every peer this rank's engine failed (best effort: this rank is failing, MPI may be too). A
+        synchronous send, waited for up to ANNOUNCE_S: a plain send may complete while the message still sits in
+        this process, and the caller may end the process right after."""
+        try:
+            sends = [self.ctrl.issend(message, dest=p, tag=TAG_FAILURE) for p in range(self.size) if p != self.rank]
+            deadline = time.monotonic() + ANNOUNCE_S
+            while sends and time.monotonic() < deadline:
+                sends = [r for r in sends if not r.Test()]
+                time.sleep(1e-3)
+        except Exception:
+            log.debug("rank %d: could not announce the engine failure", self.rank, exc_info=True)
+
+    def failed_peer(self):
+        """A peer's failure announcement, or None (the Watchdog asks every peer_check_s, wherever this rank waits)."""
+        status = MPI.Status()
+        if not self.ctrl.iprobe(source=MPI.ANY_SOURCE, tag=TAG_FAILURE, status=status):
+            return None
+        return self.ctrl.recv(source=status.Get_source(), tag=TAG_FAILURE)
 
     def close(self):
         pass

@@ -56,8 +56,10 @@ class Engine:
         self.executor = Executor(topology, config, self.watchdog)
         self.agreement = make_agreement(topology, self.ctrl, config, self.watchdog,
                                         shared=self.executor.transport("cpu").holds)
-        # waits inside transports keep our control messages moving (see Watchdog.progress)
+        # waits inside transports keep our control messages moving (see Watchdog.progress), and end when a peer
+        # says its engine failed
         self.watchdog.progress = self.agreement.progress_sends
+        self.watchdog.failed_peer = self.agreement.failed_peer
         self.requests = {}              # name -> Request taken from the queue, not yet run (progress lock)
         self._running = ()              # the requests of the collective being executed
         self.submitted_names = set()    # names queued or in flight (state lock): duplicate detection
@@ -228,15 +230,27 @@ class Engine:
 
     def _pass_failed(self, e):
         """Whatever a pass raised becomes the engine's failure (KeyboardInterrupt and SystemExit go on up)."""
-        if isinstance(e, RankFailureError):
+        if isinstance(e, RankFailureError):       # a peer died, failed, or this world was abandoned
             self._fail(e, fatal_peer=True)
-        elif isinstance(e, (KeyboardInterrupt, SystemExit)):
-            self._fail(RingtrainError(f"rank {self.rank}: interrupted inside a collective ({e!r}); the engine "
-                                      "stopped"), stop=True)
-            raise e
-        else:  # a bug in ringtrain itself: never leave callers waiting forever
+            return
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            error = RingtrainError(f"ringtrain engine on rank {self.rank} stopped: interrupted inside a collective "
+                                   f"({e!r})")
+            announcement = str(error)
+        elif isinstance(e, StallError):          # a peer never came: the message says who
+            error = e
+            announcement = f"ringtrain engine on rank {self.rank} stopped: {e}"
+        else:  # a bug in ringtrain itself
             log.error("rank %d: ringtrain engine crashed", self.rank, exc_info=e)
-            self._fail(RingtrainError(f"ringtrain engine on rank {self.rank} crashed: {e!r}"), stop=True)
+            where, cause = (f" in {e}", e.__cause__) if isinstance(e, _FailedIn) else ("", e)
+            error = RingtrainError(f"ringtrain engine on rank {self.rank} crashed{where}: {cause!r}")
+            announcement = str(error)
+        # peers may be waiting for this rank anywhere (a cycle, a barrier, an MPI request): tell them first, then
+        # fail every local handle; the process ends soon, as one whose peer died does
+        self.agreement.announce_failure(announcement)
+        self._fail(error, stop=True, exit_soon=self.size > 1)
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise e
 
     # ------------------------------------------------------------------------------------------------ express
     def express(self, name, meta, array, out):
@@ -342,14 +356,12 @@ class Engine:
         reqs = self._running = [self._take(name) for name in action.names]
         try:
             self.executor.run(action, reqs)
-        except RankFailureError:
-            raise               # fatal to the engine: _fail() errors self._running too
-        except Exception as e:  # a local failure on one collective must not take the engine down
-            wrapped = e if isinstance(e, RingtrainError) else RingtrainError(
-                f"rank {self.rank}: {action.kind} of {', '.join(map(repr, action.names[:4]))} failed: {e!r}")
-            for r in reqs:
-                if r is not None:
-                    r.handle._set_error(wrapped)
+        except (RankFailureError, StallError):
+            raise
+        except Exception as e:
+            # fatal to the engine (_fail() errors self._running too): the peers may be inside this very collective,
+            # waiting for this rank, so no rank may simply go on to the next one
+            raise _FailedIn(f"{action.kind} of {', '.join(map(repr, action.names[:4]))}") from e
         self._running = ()
 
     def _take(self, name):
@@ -371,8 +383,13 @@ class Engine:
             req.handle._set_error(error)
 
     # ------------------------------------------------------------------------------------------------ the end
-    def _fail(self, error, fatal_peer=False, stop=False):
-        if fatal_peer:
+    def _fail(self, error, fatal_peer=False, stop=False, exit_soon=False):
+        """Fail every pending and future collective with `error`. fatal_peer: a peer failed or died; exit_soon:
+        this engine failed with peers (told already). Both stop the engine and end the process after a grace
+        period unless the job is elastic: MPI can no longer finish collectives with that peer (MPI_Finalize
+        included), and an ignored error must not leave the job hanging."""
+        exit_soon = exit_soon or fatal_peer
+        if exit_soon:
             # first say so: once a caller sees its error it may exit, taking this (daemon) thread with it
             print(f"ringtrain rank {self.rank}: {error}" + ("" if self.config.elastic else "; exiting"),
                   file=sys.stderr, flush=True)
@@ -396,12 +413,10 @@ class Engine:
             handle = item[1] if isinstance(item, tuple) else item.handle
             if handle is not None:
                 handle._set_error(error)
-        if fatal_peer or stop:
+        if exit_soon or stop:
             self.finished.set()
             self.wake.set()
-        if fatal_peer and not self.config.elastic:
-            # a peer is gone: MPI can no longer finish collectives (MPI_Finalize included), so make sure this
-            # process ends non-zero soon even if the caller ignores the error (an elastic job re-forms instead)
+        if exit_soon and not self.config.elastic:      # an elastic job re-forms its world instead
             _arm_hard_exit(DEAD_PEER_EXIT_GRACE_S)
 
     def _finish_shutdown(self):
@@ -437,6 +452,10 @@ class Engine:
             self.ctrl.Free()
         except Exception:
             pass
+
+
+class _FailedIn(Exception):
+    """Which collective a crash happened in (the crash itself is its __cause__)."""
 
 
 _hard_exit_armed = False

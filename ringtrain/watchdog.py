@@ -43,6 +43,10 @@ class Watchdog:
         # makes no MPI call -- without this, rank 0 could wait in a barrier for a peer that is still waiting for
         # the very message that tells it to join that barrier
         self.progress = None
+        # called every peer_check_s: a peer's own word that its engine failed (None while there is none). A
+        # crashed engine's process is alive, so the pid check cannot see it, and its peers may be waiting for it
+        # anywhere: in an agreement cycle, a shared-memory barrier, an MPI request
+        self.failed_peer = None
         self._next_check = 0.0
         # With more ranks on this machine than cores a busy poll only burns the time slice the peer we wait for
         # needs: yield from the first poll (4 ranks on 2 cores: 4 KB shm allreduce 122 -> 92-106 us).
@@ -56,6 +60,10 @@ class Watchdog:
         if now < self._next_check:
             return
         self._next_check = now + self.peer_check_s
+        if self.failed_peer is not None:
+            message = self.failed_peer()
+            if message is not None:
+                raise RankFailureError(message + (f" (while this rank waited for {what})" if what else ""))
         for rank, pid in self.local_peers.items():
             if not _alive(pid):
                 raise RankFailureError(

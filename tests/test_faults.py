@@ -283,3 +283,33 @@ def test_sigkill_under_launcher_names_the_dead_rank():
     assert job.seconds < MUST_END_S, job
     assert re.search(rf"ringtrain-run: rank {n - 1} .*killed by signal SIGKILL", job.output), job
     _assert_no_leftovers(job.pids())
+
+
+@pytest.mark.parametrize("where,n,launcher", [("executor", 3, False), ("agreement", 3, False), ("executor", 2, True)],
+                         ids=["executor-mpiexec", "agreement-mpiexec", "executor-ringtrain-run"])
+def test_crash_in_one_engine_ends_every_rank_naming_it(where, n, launcher):
+    """A bug raising inside one rank's engine thread: every rank's pending and later collectives fail naming that
+    rank, from its own announcement (well inside a stall timeout set far above), and the job ends non-zero, under
+    mpiexec and under ringtrain-run."""
+    stall_s = MUST_END_S + 30
+    if launcher:
+        cmd = [sys.executable, "-m", "ringtrain.run", "-np", str(n), sys.executable, str(SCRIPTS / "engine_crash.py"),
+               where]
+        start = time.monotonic()
+        proc = subprocess.run(cmd, cwd=REPO, env=_env(RINGTRAIN_STALL_TIMEOUT_S=stall_s), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=HARD_KILL_S, start_new_session=True)
+        job = Job(proc.returncode, time.monotonic() - start, proc.stdout)
+    else:
+        job = run_job("engine_crash.py", n, where, outlive_killed_rank=True, RINGTRAIN_STALL_TIMEOUT_S=stall_s)
+    assert job.returncode != 0, job
+    assert job.seconds < MUST_END_S, job
+    victim = n - 1
+    planted_at = float(re.search(rf"rank {victim}: PLANTED at (\d+\.\d+)", job.output).group(1))
+    for rank in range(n):
+        line = job.caught(rank)
+        assert line and f"ringtrain engine on rank {victim} crashed" in line and "planted bug" in line, job
+        caught_at = float(re.search(rf"rank {rank}: CAUGHT-AT (\d+\.\d+)", job.output).group(1))
+        assert caught_at - planted_at < 5.0, f"rank {rank} took {caught_at - planted_at:.1f} s to notice:\n{job}"
+        assert f"rank {rank}: AFTER-CRASH RankFailureError" in job.output or (
+            rank == victim and f"rank {rank}: AFTER-CRASH RingtrainError" in job.output), job
+    _assert_no_leftovers(job.pids())
