@@ -23,11 +23,12 @@ Every rank thereby reads the same snapshot, so every rank computes the same deci
 Eager small allreduces: a slot also carries the data of this rank's lowest pending small host allreduce (one
 array, no prescale; up to window_eager_bytes(N) on one node -- 1 MB for 2 ranks, 512 KB for 4 -- and 64 KB across
 nodes; an array in the transport's shared window only up to SHARED_EAGER_BYTES) and its id. When the lowest ready
-id is such an allreduce and EVERY rank published that id, every rank reduces the published copies in rank order
-(bitwise the same result everywhere) straight into its output during the cycle: the agreement exchange is the only
-synchronisation a small allreduce pays.
+id is such an allreduce and EVERY rank published that id, its Collective says so (source SLOTS, with the slots'
+views) and the executor reduces the published copies in rank order (bitwise the same result everywhere) straight
+into its output before this rank enters another cycle: the agreement exchange is the only synchronisation a small
+allreduce pays. The agreement itself never touches tensor data: it only decides (typed actions, engine_model.py).
 Express: a synchronous cached host allreduce with nothing else pending on this rank skips the request machinery
-altogether (express()): one cycle on the caller's thread, then the eager reduce or the transport call itself.
+altogether (express()): one cycle on the caller's thread, then the executor (from the slots or the transport).
 A rank enters the next cycle when it has something new, when a peer has entered it (the engine thread looks for
 that even while idle), or, on rank 0, when the Coordinator's stall check is due. Nothing new anywhere means nobody
 cycles: no busy loop.
@@ -37,10 +38,11 @@ import time
 
 from mpi4py import MPI
 
-from . import ops
 from .cycle_exchange import MESSAGE_CYCLE_MAX_RANKS, MessageExchange, WindowExchange
+from .engine_model import Abort, Collective, Source, Warn
 from .errors import StallError
-from .negotiation import SAME_EVERYWHERE, Action, Coordinator, fuse_allreduces
+from .negotiation import SAME_EVERYWHERE, Coordinator, fuse_allreduces
+from .ops import DTYPES
 from .response_cache import CacheView
 
 log = logging.getLogger("ringtrain")
@@ -122,8 +124,8 @@ class CoordinatorAgreement:
             self._next_stall_check = now + STALL_CHECK_PERIOD_S
             warnings, fatal = self.coordinator.check_stalls()
             if fatal:
-                return [Action("abort", message=fatal)]
-            actions = [Action("warn", message=w) for w in warnings] + actions
+                return [Abort(fatal)]
+            actions = [Warn(w) for w in warnings] + actions
         return actions
 
     def owes(self):
@@ -187,8 +189,6 @@ class CoordinatorAgreement:
         pass
 
 
-AGREED = "agreed"            # express(): every rank has the allreduce ready and nothing else runs in its cycle
-
 # flag bits of a cycle slot
 _WANTS_COORDINATOR = 1      # this rank has first sightings, join/shutdown, or a request pending too long
 _COORDINATOR_BUSY = 2       # rank 0: the Coordinator still holds undecided requests or joined ranks
@@ -209,7 +209,6 @@ class CycleAgreement(CoordinatorAgreement):
         super().__init__(ctrl, config, watchdog, cache_capacity)
         self._exchange = exchange
         self._shared = shared or (lambda array: False)   # does the host transport reduce this array where it lies?
-        self._ids = {}                   # cache id -> (name, Meta), for ids usable on the fast path
         self._ready = 0                  # bitmap (Python int) of this rank's fast-path ids
         self._ready_since = {}           # id -> time it was submitted (handover to the coordinator when old)
         self._handed = []                # items held for the next slow cycle
@@ -220,7 +219,7 @@ class CycleAgreement(CoordinatorAgreement):
         # rank 0 decides evictions: it keeps the cache's LRU order, touching every id the fast path runs
         self._touch = self.coordinator.cache.touch if self.coordinator is not None else None
         self._eager = {}                 # id -> Request that may travel eagerly (small host allreduce)
-        self._single_actions = {}        # (id, eager) -> its Action (the same few recur every step)
+        self._single_actions = {}        # id -> its Collective on the buffers (the same few recur every step)
         self._peers = exchange.peers
         self._eager_bytes = exchange.eager_bytes
 
@@ -229,7 +228,6 @@ class CycleAgreement(CoordinatorAgreement):
         key = (req.name, req.meta)
         cid = self.cache.get(key)
         if cid is not None and req.meta.kind in SAME_EVERYWHERE:
-            self._ids[cid] = key
             if _eager_candidate(req) and self._eager_fits(req.arrays[0]):
                 self._eager[cid] = req
             self._ready |= 1 << cid
@@ -295,36 +293,29 @@ class CycleAgreement(CoordinatorAgreement):
         nbytes = array.nbytes
         return 0 < nbytes <= self._eager_bytes and (nbytes <= SHARED_EAGER_BYTES or not self._shared(array))
 
-    def _run_eager(self, cid):
-        """If every rank published `cid`, reduce the published copies (in rank order: bitwise the same result on
-        every rank) into our output; True when done."""
-        req = self._eager.get(cid)
-        if req is None:
-            return False
-        nbytes = req.arrays[0].nbytes
-        if not self._exchange.eager_everywhere(cid, nbytes):
-            return False
-        self._reduce_eager(req.meta, req.outs[0].reshape(-1), nbytes)
-        return True
-
-    def _reduce_eager(self, meta, out, nbytes):
+    def _eager_action(self, name, meta, cid, nbytes):
+        """The allreduce of `cid` from the cycle's slots when every rank published it there (the executor reduces
+        the copies in rank order: bitwise the same result on every rank), else None. The slots stay valid until
+        this rank enters its next cycle, which it does only after running this cycle's actions."""
         exchange = self._exchange
-        data = [exchange.eager_data(p, nbytes, out.dtype) for p in range(self.size)]
-        ops.reduce_in_rank_order(out, data, meta.op, ops.result_scale(meta.op, meta.scales[1], self.size))
+        if not exchange.eager_everywhere(cid, nbytes):
+            return None
+        dtype = DTYPES[meta.dtype]
+        slots = tuple(exchange.eager_data(p, nbytes, dtype) for p in range(self.size))
+        return Collective.of("allreduce", (name,), (meta,), self.size, source=Source.SLOTS, slots=slots)
 
     # ---- express -------------------------------------------------------------------------------------------
     def express(self, name, meta, array, out, make_request):
         """One cycle for one cached host allreduce when nothing else is pending on this rank: what add() and poll()
         would do, minus their bookkeeping. Publish its id as our only ready bit (with its data when it fits a slot),
-        gather, and if no rank raised a flag and every rank has that id ready:
-          - every rank published it eagerly: reduce the slots into `out`; True;
-          - else (too large for a slot, or some rank published no data or other data): AGREED -- the caller runs it
-            on the transport now. A rank that holds it as a request computes the same from that snapshot: one
-            action, not eager (its _run_eager sees the same headers), run by Executor.allreduce_one.
+        gather, and if no rank raised a flag and every rank has that id ready, the Collective of this array alone,
+        for the executor to run now: from the slots when every rank published it there, else (too large for a
+        slot, or some rank published no data or other data) on the buffers. A rank that holds it as a request
+        computes the same Collective from that snapshot (_fast_actions sees the same headers).
         Any other snapshot: make_request(name, meta, array, out) registers the request with the engine, the
-        agreement takes the state add() would have left, and the cycle's actions are returned for the engine to run
-        -- the same actions every other rank computes from the same snapshot. None (nothing done) when the fast path
-        does not apply: something pending, or a name not cached yet."""
+        agreement takes the state add() would have left, and the cycle's actions are returned (a list) for the engine
+        to run -- the same actions every other rank computes from the same snapshot. None (nothing done) when the
+        fast path does not apply: something pending, or a name not cached yet."""
         if self._ready or self._handed or self._dirty or not array.nbytes:
             return None
         key = (name, meta)
@@ -337,12 +328,9 @@ class CycleAgreement(CoordinatorAgreement):
         if not flags and ready:
             if self._touch is not None:
                 self._touch(cid)
-            if eager is not None and self._exchange.eager_everywhere(cid, array.nbytes):
-                self._reduce_eager(meta, out.reshape(-1), array.nbytes)
-                return True
-            return AGREED
+            action = self._eager_action(name, meta, cid, array.nbytes) if eager is not None else None
+            return action or self._single_action(cid)
         request = make_request(name, meta, array, out)
-        self._ids[cid] = key
         if eager is not None:
             self._eager[cid] = request
         self._ready = bit
@@ -351,7 +339,7 @@ class CycleAgreement(CoordinatorAgreement):
 
     def _fast_actions(self, ready):
         """The ids ready on every rank, in id order: single actions first, then allreduces fused into buckets.
-        The lowest ready id may already have been reduced eagerly from the slots (Action extra ("eager",))."""
+        The lowest ready id runs from the cycle's slots when every rank published it there."""
         singles, allreduces = [], []
         first = True
         while ready:
@@ -362,24 +350,26 @@ class CycleAgreement(CoordinatorAgreement):
             del self._ready_since[cid]
             if self._touch is not None:
                 self._touch(cid)
-            name, meta = self._ids[cid]
-            eager = first and self._run_eager(cid)
+            name, meta = self.cache.keys[cid]
+            req = self._eager.pop(cid, None)
+            eager = first and req is not None and self._eager_action(name, meta, cid, req.arrays[0].nbytes)
             first = False
-            self._eager.pop(cid, None)
-            if eager or meta.kind != "allreduce":
-                singles.append(self._single_action(cid, eager))
+            if eager:
+                singles.append(eager)
+            elif meta.kind != "allreduce":
+                singles.append(self._single_action(cid))
             else:
                 allreduces.append((name, meta))
         if not allreduces:
             return singles
-        return singles + fuse_allreduces(allreduces, self.config.fusion_threshold)
+        return singles + fuse_allreduces(allreduces, self.config.fusion_threshold, self.size)
 
-    def _single_action(self, cid, eager):
-        action = self._single_actions.get((cid, eager))
+    def _single_action(self, cid):
+        """The Collective of one cached id on its buffers (the same few recur every step: made once per id)."""
+        action = self._single_actions.get(cid)
         if action is None:
-            name, meta = self._ids[cid]
-            action = self._single_actions[(cid, eager)] = Action(meta.kind, (name,), (meta,),
-                                                                 extra=("eager",) if eager else ())
+            name, meta = self.cache.keys[cid]
+            action = self._single_actions[cid] = Collective.of(meta.kind, (name,), (meta,), self.size)
         return action
 
     def _slow_cycle(self, c):
@@ -427,9 +417,7 @@ class CycleAgreement(CoordinatorAgreement):
         changed = super()._apply_cache_changes(changes)
         if changed:
             for cid in changed:
-                self._single_actions.pop((cid, False), None)
-                self._single_actions.pop((cid, True), None)
-                self._ids.pop(cid, None)
+                self._single_actions.pop(cid, None)
             self._words = self.cache.highest // 64 + 1
         return changed
 

@@ -12,7 +12,7 @@ from .errors import RingtrainError
 from .fusion import ops_for
 from .handle import Handle
 from .names import auto_name as _auto_name
-from .negotiation import Meta
+from .engine_model import Meta
 from .ops import Average, as_op, check_op_dtype, dtype_name
 from .process_sets import route
 from .request import Request
@@ -57,19 +57,28 @@ def _meta(kind, dtype, shape, op, root, device, scales, splits):
     return meta
 
 
-def _submit(kind, array, name, op=-1, root=-1, scales=(1.0, 1.0), splits=(), out=None, op_obj=None, sync=False,
-            to=None):
-    """Queue one request to the engine of route `to` (default: the world's; see process_sets.route)."""
-    to = to if to is not None else route(None)
-    eng = to.engine
+def _describe(kind, array, name, to, op=-1, root=-1, scales=(1.0, 1.0), splits=(), op_obj=None):
+    """(name, Meta) of one array's collective on route `to`: the one place a request's metadata is made."""
     name = _name(kind, name, to)
     device = _check_array(array, "%s %r", kind, name)
     dt = dtype_name(array.dtype) if op_obj is None else check_op_dtype(op_obj, array.dtype)
     meta = _meta(kind, dt, array.shape, int(op), root, device, (float(scales[0]), float(scales[1])), tuple(splits))
-    ops = ops_for(device)
-    handle = Handle((name,), eng.drive)
+    return name, meta
+
+
+def _submit(kind, array, name, op=-1, root=-1, scales=(1.0, 1.0), splits=(), out=None, op_obj=None, sync=False,
+            to=None):
+    """Queue one request to the engine of route `to` (default: the world's; see process_sets.route)."""
+    to = to if to is not None else route(None)
+    name, meta = _describe(kind, array, name, to, op, root, scales, splits, op_obj)
+    return _enqueue(to, name, meta, array, out, sync)
+
+
+def _enqueue(to, name, meta, array, out, sync):
+    ops = ops_for(meta.device)
+    handle = Handle((name,), to.engine.drive)
     request = Request(name, meta, (array,), (out,), handle, ops, ops.ready_event())
-    eng.run(request) if sync else eng.submit(request)
+    to.engine.run(request) if sync else to.engine.submit(request)
     return handle
 
 
@@ -85,17 +94,15 @@ def allreduce(array, op=Average, name=None, prescale_factor=1.0, postscale_facto
     to = route(process_set)
     op = as_op(op)
     out = _allreduce_out(array, out)
-    name = _name("allreduce", name, to)
-    if prescale_factor == 1.0 and _check_array(array, "allreduce %r", name) == "cpu":
+    name, meta = _describe("allreduce", array, name, to, op=op, scales=(prescale_factor, postscale_factor),
+                           op_obj=op)
+    if meta.device == "cpu" and meta.scales[0] == 1.0:
         # a cached host allreduce with nothing else in flight takes one agreement cycle on this thread, with no
         # request and no handle (Engine.express); anything else takes the general path
-        meta = _meta("allreduce", check_op_dtype(op, array.dtype), array.shape, int(op), -1, "cpu",
-                     (1.0, float(postscale_factor)), ())
         done = to.engine.express(name, meta, array, out)
         if done is not None:
             return out if done is True else done.wait()
-    return _submit("allreduce", array, name, op=op, scales=(prescale_factor, postscale_factor), out=out, op_obj=op,
-                   sync=True, to=to).wait()
+    return _enqueue(to, name, meta, array, out, sync=True).wait()
 
 
 def _allreduce_out(array, out):

@@ -27,7 +27,8 @@ import threading
 import time
 
 from . import errors
-from .agreement import AGREED, make_agreement
+from .agreement import make_agreement
+from .engine_model import Abort, Collective, Failed, JoinDone, Shutdown, Warn
 from .errors import RankFailureError, RingtrainError, ShutdownError, StallError
 from .executor import Executor
 from .fusion import HOST_OPS
@@ -42,7 +43,6 @@ SPIN_PASSES = 50               # passes spent yielding the CPU right after activ
 FAST_POLL_S = 2e-5             # poll period while an answer is owed (the OS rounds it up to ~60 us)
 FAST_POLLS = 200               # ... for about the first 10 ms, then back off to cycle_time
 IDLE_SLEEP_S = 0.02            # background sleep with nothing in flight (wakes at once on an async submit)
-_EVENTS = frozenset(("shutdown", "abort", "warn", "error", "join_done"))   # Action kinds that are not collectives
 
 
 class Engine:
@@ -272,10 +272,8 @@ class Engine:
             outcome = self.agreement.express(name, meta, array, out, self._express_request)
             if outcome is None:
                 return None
-            if outcome is AGREED:
-                self.executor.allreduce_one(meta, array, out)
-                outcome = True
-            if outcome is True:
+            if isinstance(outcome, Collective):     # agreed in its own cycle: this array alone
+                self.executor.express(outcome, array, out)
                 self.executor.stats.record("allreduce", array.nbytes, time.perf_counter() - start)
                 return True
             handle = self.requests[name].handle
@@ -334,23 +332,24 @@ class Engine:
     # ------------------------------------------------------------------------------------------------ actions
     def _execute(self, actions):
         for action in actions:
-            kind = action.kind
-            if kind not in _EVENTS:
+            if isinstance(action, Collective):
                 self._run_collective(action)
-            elif kind == "shutdown":
+            elif isinstance(action, Shutdown):
                 self._finish_shutdown()
                 return
-            elif kind == "abort":
+            elif isinstance(action, Abort):
                 self._fail(StallError(action.message))
-            elif kind == "warn":
+            elif isinstance(action, Warn):
                 log.warning("rank %d: %s", self.rank, action.message)
-            elif kind == "error":
+            elif isinstance(action, Failed):
                 for name in action.names:
                     self._complete_error(name, getattr(errors, action.error)(action.message))
-            elif kind == "join_done":
+            elif isinstance(action, JoinDone):
                 if self.join_handle is not None:
                     self.join_handle._set_result(action.rank)
                     self.join_handle = None
+            else:
+                raise TypeError(f"unknown action {action!r}")
 
     def _run_collective(self, action):
         reqs = self._running = [self._take(name) for name in action.names]

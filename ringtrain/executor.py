@@ -1,6 +1,8 @@
 """Runs one agreed collective on this rank: picks the transport and buffer ops, packs, runs the ring, unpacks, and
-completes the requests' handles. Knows nothing of agreement; the engine hands it an Action and this rank's
-requests for the Action's names (None where this rank has no request: it joined and contributes zeros).
+completes the requests' handles. The only code that reads or writes tensor or slot data. Knows nothing of
+agreement; the engine hands it a Collective (engine_model.py: which tensors, where their data is, what scales apply)
+and this rank's requests for its names (None where this rank has no request: it joined and contributes zeros), or,
+for the express path, the Collective and one bare array.
 
 Copies: an allreduce packs its tensors into the transport's staging buffer -- for shm that is this rank's region
 of the shared window, so the pack IS the copy-in -- and unpacks with Average's 1/N (and any postscale) fused into
@@ -9,8 +11,9 @@ the copy-out. Staging buffers persist across calls; the only per-call allocation
 import logging
 import time
 
+from .engine_model import Source
 from .fusion import ops_for
-from .ops import DTYPES, ReduceOp, result_scale
+from .ops import DTYPES, ReduceOp, reduce_in_rank_order
 from .timeline import open_timeline
 from .stats import CommStats
 from .transports import choice
@@ -47,11 +50,13 @@ class Executor:
 
     # ------------------------------------------------------------------------------------------------ dispatch
     def run(self, action, reqs):
-        """Execute `action`; complete every non-None request in reqs (aligned with action.names)."""
+        """Execute the Collective `action`; complete every non-None request in reqs (aligned with action.names)."""
         kind, meta = action.kind, action.metas[0]
-        if action.extra == ("eager",):       # reduced by the agreement cycle itself (agreement.py)
-            handle = reqs[0].handle
-            handle._set_result(reqs[0].result())
+        if action.source is Source.SLOTS:     # one small host allreduce, every rank's copy in the cycle's slots
+            req = reqs[0]
+            self.reduce_slots(action, req.outs[0])
+            handle = req.handle
+            handle._set_result(req.result())
             # no transport time to measure: the collective's time is from its submission to the cycle that did it
             self.stats.record(kind, meta.nbytes, handle.times["finished"] - handle.times["submitted"])
             return
@@ -61,7 +66,7 @@ class Executor:
                 ops.wait_event(r.ready_event)
         start = time.perf_counter()
         if kind == "allreduce":
-            nbytes = self._allreduce(action.metas, reqs, ops)
+            nbytes = self._allreduce(action, reqs, ops)
         else:
             req = reqs[0]
             nbytes = meta.nbytes
@@ -71,11 +76,11 @@ class Executor:
                 self.transport(meta.device).broadcast(req.out.reshape(-1), meta.root)
                 result = req.out
             elif kind == "allgather":
-                result = self._allgather(req, meta, action.extra, ops)
+                result = self._allgather(req, meta, action.first_dims, ops)
             elif kind == "alltoall":
-                result = self._alltoall(req, meta, action.extra, ops)
+                result = self._alltoall(req, meta, action.splits, ops)
             elif kind == "reducescatter":
-                result = self._reducescatter(req, meta, ops)
+                result = self._reducescatter(req, action, ops)
             else:
                 raise ValueError(f"unknown collective kind {kind!r}")
             req.handle._set_result(req.result(result), ops.done_event())
@@ -87,11 +92,12 @@ class Executor:
                                  self.transport_name(meta.device))
 
     # ------------------------------------------------------------------------------------------------ allreduce
-    def _allreduce(self, metas, reqs, ops):
+    def _allreduce(self, action, reqs, ops):
         """One bucket: requests (each one or many arrays) packed back to back, one ring allreduce, unpacked."""
+        metas = action.metas
         meta = metas[0]
         dtype = DTYPES[meta.dtype]
-        prescale, postscale = meta.scales
+        prescale, scale = action.prescale, action.scale
         sources, targets = [], []
         for m, r in zip(metas, reqs):
             if r is None:                     # joined: zeros in, nothing out
@@ -102,15 +108,14 @@ class Executor:
                 sources.extend(r.arrays)
                 targets.extend(r.outs)
         total = sum(_numel(m.shape) for m in metas)
-        scale = result_scale(meta.op, postscale, self.size)
         if self.size == 1:
             # nothing to exchange: skip the staging copies (a 25 MB bucket costs ms each way)
             for src, dst in zip(sources, targets):
-                if dst is not src or prescale * postscale != 1.0:
-                    ops.unpack(src.reshape(-1), [dst.reshape(-1)], prescale * postscale)
+                if dst is not src or prescale * scale != 1.0:
+                    ops.unpack(src.reshape(-1), [dst.reshape(-1)], prescale * scale)
         elif len(sources) == 1 and not isinstance(sources[0], int) and meta.device == "cpu" and prescale == 1.0:
             t0 = time.perf_counter()
-            self.allreduce_one(meta, sources[0], targets[0])
+            self.allreduce_one(action, sources[0], targets[0])
             if self.timeline is not None:
                 self.timeline.span(reqs[0].name, "ring", t0, time.perf_counter())
         else:
@@ -142,15 +147,28 @@ class Executor:
                 r.handle._set_result(r.result(), done)
         return total * dtype.itemsize
 
-    def allreduce_one(self, meta, src, dst):
+    def allreduce_one(self, action, src, dst):
         """One host array, no prescale (a single tensor, or an optimizer's flat bucket): no pack, no unpack -- the
         transport copies in only what peers read and reduces straight into dst. Used for such a bucket and by the
         engine's express path (one agreement cycle, then this), so both run the same transport calls."""
         flat = src.reshape(-1)
         # in place stays in place: two views of one buffer would make the transport copy it onto itself first
         out = flat if dst is src else dst.reshape(-1)
-        scale = result_scale(meta.op, meta.scales[1], self.size)
-        self.transport(meta.device).allreduce_out(flat, out, ReduceOp(meta.op), scale)
+        meta = action.metas[0]
+        self.transport(meta.device).allreduce_out(flat, out, ReduceOp(meta.op), action.scale)
+
+    def reduce_slots(self, action, out):
+        """An allreduce from the agreement cycle's slots: every rank's copy reduced in rank order straight into
+        out, so every rank computes bitwise the same result with no transport call (the cycle was the only
+        synchronisation)."""
+        reduce_in_rank_order(out.reshape(-1), action.slots, action.metas[0].op, action.scale)
+
+    def express(self, action, array, out):
+        """The express path's one array, agreed alone in its own cycle: from the slots or on the transport."""
+        if action.source is Source.SLOTS:
+            self.reduce_slots(action, out)
+        else:
+            self.allreduce_one(action, array, out)
 
     # ------------------------------------------------------------------------------------------------ the others
     def _allgather(self, req, meta, first_dims, ops):
@@ -172,7 +190,8 @@ class Executor:
                                              [r * row for r in recv_rows])
         return out, recv_rows
 
-    def _reducescatter(self, req, meta, ops):
+    def _reducescatter(self, req, action, ops):
+        meta = action.metas[0]
         dtype = DTYPES[meta.dtype]
         rows = even_counts(meta.shape[0], self.size)
         row = _numel(meta.shape[1:])
@@ -184,9 +203,8 @@ class Executor:
         transport.reducescatter(buf, counts, ReduceOp(meta.op))
         start = sum(counts[:self.rank])
         out = ops.empty((rows[self.rank],) + tuple(meta.shape[1:]), dtype)
-        prescale, postscale = meta.scales
-        scale = prescale * result_scale(meta.op, postscale, self.size)
-        ops.unpack(buf[start:start + counts[self.rank]], [out.reshape(-1)], scale)
+        # the prescale is applied to the reduced block, not the inputs: the same for a linear reduction
+        ops.unpack(buf[start:start + counts[self.rank]], [out.reshape(-1)], action.prescale * action.scale)
         return out
 
     # ------------------------------------------------------------------------------------------------ end

@@ -9,48 +9,10 @@ import collections
 import dataclasses
 import time
 
-from .ops import DTYPES
+from .engine_model import Collective, Failed, JoinDone, Shutdown
 from .response_cache import ResponseCache
 
 CACHE_CAPACITY = 1024         # Horovod's default (RINGTRAIN_CACHE_CAPACITY)
-
-
-@dataclasses.dataclass(frozen=True)
-class Meta:
-    """What every rank must agree on for one named collective."""
-    kind: str                 # allreduce | allgather | broadcast | alltoall | reducescatter | barrier
-    dtype: str = "uint8"
-    shape: tuple = ()
-    op: int = -1              # ReduceOp value, -1 where not a reduction
-    root: int = -1
-    device: str = "cpu"
-    scales: tuple = (1.0, 1.0)   # prescale, postscale
-    splits: tuple = ()        # alltoall: rows sent to each rank
-    parts: tuple = ()         # grouped allreduce: element count of each tensor (shape is their total)
-
-    @property
-    def nbytes(self):
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n * DTYPES[self.dtype].itemsize
-
-    def describe(self):
-        parts = [f"shape {self.shape} {self.dtype}"]
-        if self.op >= 0:
-            from .ops import ReduceOp
-            parts.append(f"op {ReduceOp(self.op).name.title()}")
-        if self.root >= 0:
-            parts.append(f"root {self.root}")
-        if self.kind == "alltoall":
-            parts.append(f"splits {list(self.splits)}")
-        if self.device != "cpu":
-            parts.append(f"on {self.device}")
-        if self.scales != (1.0, 1.0):
-            parts.append(f"scales {self.scales}")
-        if self.parts:
-            parts.append(f"in {len(self.parts)} tensors")
-        return f"{self.kind} " + " ".join(parts)
 
 
 def _agreement_key(meta):
@@ -64,34 +26,22 @@ def _agreement_key(meta):
 SAME_EVERYWHERE = frozenset(("allreduce", "broadcast", "reducescatter", "barrier"))
 
 
-@dataclasses.dataclass(frozen=True)
-class Action:
-    """One step every rank executes, in the same order: a collective, or an error/warning/join/shutdown event."""
-    kind: str                 # a collective kind, or error | warn | abort | join_done | shutdown
-    names: tuple = ()         # the tensors it covers (an allreduce bucket may cover many)
-    metas: tuple = ()         # their metadata, same order
-    extra: tuple = ()         # allgather: dim 0 per rank; alltoall: splits per rank
-    message: str = ""         # error / warn / abort text
-    error: str = ""           # errors: the ringtrain.errors class name
-    rank: int = -1            # join_done: the rank that joined last
-
-
 def fusion_key(meta):
     """Allreduces fuse into one bucket only when they reduce the same way."""
     return (meta.dtype, meta.op, meta.device, meta.scales)
 
 
-def fuse_allreduces(named_metas, threshold):
-    """[(name, meta)] in execution order -> allreduce Actions, each one bucket of <= threshold bytes (a single
-    larger tensor gets a bucket of its own). Pure and deterministic: every rank that runs it on the same list gets
-    the same buckets, which is what the coordinator-free fast path relies on."""
+def fuse_allreduces(named_metas, threshold, size):
+    """[(name, meta)] in execution order -> allreduce Collectives on `size` ranks, each one bucket of <= threshold
+    bytes (a single larger tensor gets a bucket of its own). Pure and deterministic: every rank that runs it on the
+    same list gets the same buckets, which is what the coordinator-free fast path relies on."""
     open_buckets = {}                        # fusion key -> [names, metas, bytes], in order of first use
     actions = []
     for name, meta in named_metas:
         key = fusion_key(meta)
         bucket = open_buckets.get(key)
         if bucket is not None and bucket[2] + meta.nbytes > threshold:
-            actions.append(Action("allreduce", tuple(bucket[0]), tuple(bucket[1])))
+            actions.append(Collective.of("allreduce", bucket[0], bucket[1], size))
             del open_buckets[key]
             bucket = None
         if bucket is None:
@@ -99,7 +49,7 @@ def fuse_allreduces(named_metas, threshold):
         bucket[0].append(name)
         bucket[1].append(meta)
         bucket[2] += meta.nbytes
-    actions.extend(Action("allreduce", tuple(names), tuple(metas)) for names, metas, _ in open_buckets.values())
+    actions.extend(Collective.of("allreduce", names, metas, size) for names, metas, _ in open_buckets.values())
     return actions
 
 
@@ -175,19 +125,21 @@ class Coordinator:
             if action is None:
                 continue
             del self.pending[name]
-            if action.kind != "error":
-                self._remember(name, entry.metas)
+            if isinstance(action, Failed):
+                actions.append(action)
+                continue
+            self._remember(name, entry.metas)
             if action.kind == "allreduce":
                 allreduces.append((name, action.metas[0]))
             else:
                 actions.append(action)
-        actions.extend(fuse_allreduces(allreduces, self.fusion_threshold))
+        actions.extend(fuse_allreduces(allreduces, self.fusion_threshold, self.size))
         if self.joined and len(self.joined) + len(self.shut_down - set(self.joined)) >= self.size:
             last = max(self.joined, key=self.joined.get)
-            actions.append(Action("join_done", rank=last))
+            actions.append(JoinDone(last))
             self.joined = {}
         if len(self.shut_down) >= self.size:
-            actions.append(Action("shutdown"))
+            actions.append(Shutdown())
         return actions
 
     def take_new_cache_entries(self):
@@ -203,24 +155,25 @@ class Coordinator:
         metas = entry.metas
         gone = self.shut_down - set(metas)
         if gone:
-            return Action("error", (name,), message=f"tensor {name!r}: {_rank_list(gone)} already called shutdown() "
-                          f"while {_rank_list(metas)} submitted it", error="RankFailureError")
+            return Failed((name,), "RankFailureError", f"tensor {name!r}: {_rank_list(gone)} already called "
+                          f"shutdown() while {_rank_list(metas)} submitted it")
         joined_missing = {r for r in self.joined if r not in metas}
         if len(metas) + len(joined_missing) < self.size:
             return None
         if len({_agreement_key(m) for m in metas.values()}) > 1:
-            return Action("error", (name,), message=mismatch_message(name, metas), error="TensorMismatchError")
+            return Failed((name,), "TensorMismatchError", mismatch_message(name, metas))
         meta = next(iter(metas.values()))
         if joined_missing and meta.kind != "allreduce":
-            return Action("error", (name,), message=f"tensor {name!r}: {meta.kind} cannot run while "
+            return Failed((name,), "RingtrainError", f"tensor {name!r}: {meta.kind} cannot run while "
                           f"{_rank_list(joined_missing)} {'has' if len(joined_missing) == 1 else 'have'} joined; "
-                          "only allreduce can", error="RingtrainError")
+                          "only allreduce can")
         if meta.kind == "allgather":
-            return Action("allgather", (name,), (meta,),
-                          tuple(metas[r].shape[0] if metas[r].shape else 1 for r in range(self.size)))
+            return Collective.of("allgather", (name,), (meta,), self.size,
+                                 first_dims=tuple(metas[r].shape[0] if metas[r].shape else 1 for r in range(self.size)))
         if meta.kind == "alltoall":
-            return Action("alltoall", (name,), (meta,), tuple(tuple(metas[r].splits) for r in range(self.size)))
-        return Action(meta.kind, (name,), (meta,))
+            return Collective.of("alltoall", (name,), (meta,), self.size,
+                                 splits=tuple(tuple(metas[r].splits) for r in range(self.size)))
+        return Collective.of(meta.kind, (name,), (meta,), self.size)
 
     def check_stalls(self):
         """(warnings, fatal_message_or_None) for names some ranks submitted long ago and others never did.

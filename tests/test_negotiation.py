@@ -1,5 +1,6 @@
 """The coordinator's decisions, without MPI: readiness, order, fusion, mismatch messages, stalls, join, shutdown."""
-from ringtrain.negotiation import Action, Coordinator, Meta
+from ringtrain.engine_model import Collective, Failed, JoinDone, Meta, Shutdown
+from ringtrain.negotiation import Coordinator
 from ringtrain.ops import ReduceOp
 
 
@@ -17,7 +18,7 @@ def test_ready_only_when_every_rank_submitted():
     c.submit(1, [("a", meta())])
     assert c.plan() == []
     c.submit(2, [("a", meta())])
-    assert c.plan() == [Action("allreduce", ("a",), (meta(),))]
+    assert c.plan() == [Collective("allreduce", ("a",), (meta(),))]
     assert c.plan() == []
 
 
@@ -25,7 +26,7 @@ def test_different_submission_orders_give_one_order_and_one_bucket():
     c = make(size=2)
     c.submit(0, [("a", meta()), ("b", meta())])
     c.submit(1, [("b", meta()), ("a", meta())])
-    assert c.plan() == [Action("allreduce", ("a", "b"), (meta(), meta()))]
+    assert c.plan() == [Collective("allreduce", ("a", "b"), (meta(), meta()))]
 
 
 def test_fusion_threshold_splits_buckets_and_keys_by_dtype():
@@ -41,8 +42,8 @@ def test_mismatch_names_every_rank_and_value():
     c.submit(1, [("w", meta((5,)))])
     c.submit(2, [("w", meta((4,)))])
     [action] = c.plan()
-    kind, names, message, cls = action.kind, action.names, action.message, action.error
-    assert (kind, names, cls) == ("error", ("w",), "TensorMismatchError")
+    names, message, cls = action.names, action.message, action.error
+    assert isinstance(action, Failed) and (names, cls) == (("w",), "TensorMismatchError")
     assert "ranks 0,2 have allreduce shape (4,) float32" in message and "rank 1 has allreduce shape (5,)" in message
 
 
@@ -52,14 +53,14 @@ def test_dtype_op_and_root_mismatch_are_errors():
         c = make(size=2)
         c.submit(0, [("x", a)])
         c.submit(1, [("x", b)])
-        assert c.plan()[0].kind == "error"
+        assert isinstance(c.plan()[0], Failed)
 
 
 def test_allgather_allows_different_first_dim():
     c = make(size=2)
     c.submit(0, [("g", meta((2, 3), kind="allgather", op=-1))])
     c.submit(1, [("g", meta((5, 3), kind="allgather", op=-1))])
-    assert c.plan() == [Action("allgather", ("g",), (meta((2, 3), kind="allgather", op=-1),), (2, 5))]
+    assert c.plan() == [Collective("allgather", ("g",), (meta((2, 3), kind="allgather", op=-1),), first_dims=(2, 5))]
 
 
 def test_cache_ids_replace_metadata():
@@ -71,7 +72,7 @@ def test_cache_ids_replace_metadata():
     assert ids == [(0, ("a", meta()))]
     c.submit(0, [0])
     c.submit(1, [0])
-    assert c.plan() == [Action("allreduce", ("a",), (meta(),))]
+    assert c.plan() == [Collective("allreduce", ("a",), (meta(),))]
 
 
 def test_stall_warns_then_fails_naming_missing_ranks():
@@ -92,10 +93,10 @@ def test_joined_rank_counts_as_ready_for_allreduce_only():
     c.join(1)
     c.submit(0, [("a", meta()), ("g", meta((1,), kind="allgather", op=-1))])
     actions = c.plan()
-    assert actions[0].kind == "error" and "joined" in actions[0].message
-    assert Action("allreduce", ("a",), (meta(),)) in actions
+    assert isinstance(actions[0], Failed) and "joined" in actions[0].message
+    assert Collective("allreduce", ("a",), (meta(),)) in actions
     c.join(0)
-    assert c.plan() == [Action("join_done", rank=0)]
+    assert c.plan() == [JoinDone(0)]
 
 
 def test_shutdown_rank_makes_pending_names_fail():
@@ -103,20 +104,20 @@ def test_shutdown_rank_makes_pending_names_fail():
     c.shutdown(1)
     c.submit(0, [("a", meta())])
     [action] = c.plan()
-    kind, message, cls = action.kind, action.message, action.error
-    assert kind == "error" and cls == "RankFailureError" and "rank 1 already called shutdown()" in message
+    message, cls = action.message, action.error
+    assert isinstance(action, Failed) and cls == "RankFailureError" and "rank 1 already called shutdown()" in message
     c.shutdown(0)
-    assert c.plan() == [Action("shutdown")]
+    assert c.plan() == [Shutdown()]
 
 
 def test_fusion_is_a_pure_function_of_the_ready_list():
     """The coordinator-free fast path fuses on every rank independently: same list in, same buckets out."""
     from ringtrain.negotiation import fuse_allreduces
     items = [("a", meta((8,))), ("h", meta((4,), dtype="float16")), ("b", meta((4,))), ("c", meta((8,)))]
-    buckets = fuse_allreduces(items, threshold=48)
+    buckets = fuse_allreduces(items, threshold=48, size=2)
     assert [(a.names, a.metas[0].dtype) for a in buckets] == [(("a", "b"), "float32"), (("h",), "float16"),
                                                                (("c",), "float32")]
-    assert fuse_allreduces(items, threshold=48) == buckets
+    assert fuse_allreduces(items, threshold=48, size=2) == buckets
 
 
 def test_grouped_parts_are_part_of_the_agreement():
@@ -178,7 +179,7 @@ def test_many_names_keep_ids_below_the_capacity():
 
 def test_capacity_zero_caches_nothing():
     c = Coordinator(2, 1 << 20, 1.0, 2.0, clock=lambda: 0.0, cache_capacity=0)
-    assert _run(c, "a") == [Action("allreduce", ("a",), (meta(),))]
+    assert _run(c, "a") == [Collective("allreduce", ("a",), (meta(),))]
     assert c.take_new_cache_entries() == [] and len(c.cache) == 0
 
 
@@ -199,3 +200,18 @@ def test_asynchronous_eviction_keeps_an_id_until_every_rank_applied_it():
     c.submit(0, [("b", meta())])
     c.plan()
     assert c.take_new_cache_entries() == [(0, ("b", meta()))]
+
+
+def test_collectives_carry_the_scale_rule():
+    """What multiplies inputs and result is decided once, with the action: Average's 1/N (N = every rank, joined
+    ones included) times the postscale; the prescale on the inputs; nothing for non-reductions."""
+    c = make(size=4)
+    avg = meta(op=0, scales=(0.5, 3.0))
+    for r in range(4):
+        c.submit(r, [("avg", avg), ("b", meta(kind="broadcast", op=-1, root=1))])
+    actions = {a.names: a for a in c.plan()}
+    assert (actions[("avg",)].prescale, actions[("avg",)].scale) == (0.5, 0.75)
+    assert (actions[("b",)].prescale, actions[("b",)].scale) == (1.0, 1.0)
+    [bucket] = __import__("ringtrain.negotiation").negotiation.fuse_allreduces(
+        [("x", meta(op=0)), ("y", meta(op=0))], threshold=1 << 20, size=2)
+    assert bucket.names == ("x", "y") and bucket.scale == 0.5

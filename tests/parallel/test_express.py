@@ -35,14 +35,15 @@ def fallbacks(monkeypatch):
 def outcomes(monkeypatch):
     """(name, outcome) of every express cycle on this rank: "eager" (reduced from the slots), "agreed" (ran the
     transport itself), "request" (became an ordinary request), None (did not apply)."""
-    from ringtrain.agreement import AGREED
+    from ringtrain.engine_model import Collective, Source
     agreement = state.engine().agreement
     seen = []
     original = agreement.express
 
     def spy(name, *args):
         outcome = original(name, *args)
-        kind = ("eager" if outcome is True else "agreed" if outcome is AGREED else None if outcome is None
+        kind = ("eager" if isinstance(outcome, Collective) and outcome.source is Source.SLOTS
+                else "agreed" if isinstance(outcome, Collective) else None if outcome is None
                 else "request")
         seen.append((name, kind))
         return outcome
