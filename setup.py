@@ -69,6 +69,8 @@ setup(
         "spark": ["pyspark>=3.5", "cloudpickle"],   # barrier-mode tasks place the ranks; Java 17+ runtime needed
         # ringtrain.ray (issue 13)
         "ray": ["ray>=2.9", "cloudpickle"],
+        # ringtrain.jax (issue 23): its host-call lowering uses jax._src APIs, so the JAX minor version is pinned
+        "jax": ["jax>=0.10,<0.11", "optax>=0.2"],
     },
     entry_points={"console_scripts": ["ringtrain-run = ringtrain.run:main"]},
     classifiers=[

@@ -1,0 +1,40 @@
+"""ringtrain for JAX, with Horovod's names: collectives on jax.Arrays and pytrees, eagerly and inside jax.jit.
+
+    import ringtrain.jax as hvd
+    hvd.init()
+    tx = hvd.DistributedOptimizer(optax.adam(1e-3 * hvd.size()))   # averages gradients in buckets, then Adam
+    params = hvd.broadcast_variables(params, root_rank=0)
+    opt_state = tx.init(params)
+
+    @jax.jit
+    def step(params, opt_state, x, y):
+        grads = jax.grad(loss)(params, x, y)                         # this rank's gradient
+        updates, opt_state = tx.update(grads, opt_state, params)     # averaged over all ranks inside
+        return optax.apply_updates(params, updates), opt_state
+
+Run with `mpirun -np 4 python train.py` (or ringtrain-run). Every collective is a JAX primitive with an ordered
+effect (host_call.py), so collectives run in program order on every rank, inside jit, grad and control flow, and
+are differentiable with Horovod's gradient rules (one module per collective says its rule).
+"""
+from ringtrain import (allgather_object, barrier, broadcast_object, cross_rank, cross_size,  # noqa: F401
+                       is_initialized, join, local_rank, local_size, rank, shutdown, size)
+from ringtrain import init as _core_init
+from ringtrain.errors import (RankFailureError, RingtrainError, StallError, TensorMismatchError,  # noqa: F401
+                              UnsupportedDtypeError)
+from ringtrain.ops import Average, Max, Min, Product, ReduceOp, Sum  # noqa: F401
+from ringtrain.process_sets import (ProcessSet, add_process_set, global_process_set,  # noqa: F401
+                                    remove_process_set)
+
+from . import naming
+from .allgather import allgather, grouped_allgather  # noqa: F401
+from .allreduce import allreduce, grouped_allreduce  # noqa: F401
+from .alltoall import alltoall  # noqa: F401
+from .broadcast import broadcast, broadcast_variables  # noqa: F401
+from .compression import Compression  # noqa: F401
+from .reducescatter import grouped_reducescatter, reducescatter  # noqa: F401
+
+
+def init(comm=None, process_sets=None, **config_overrides):
+    """Start ringtrain (MPI, topology, engine): ringtrain.init's arguments."""
+    naming.reset()
+    return _core_init(comm, process_sets, **config_overrides)

@@ -1,0 +1,116 @@
+"""allreduce and grouped_allreduce of jax.Arrays over the ranks of a process set.
+
+    import ringtrain.jax as hvd
+    hvd.init()
+    total = hvd.allreduce(jnp.ones(3), op=hvd.Sum)          # [size, size, size], eagerly or under jax.jit
+    a, b = hvd.grouped_allreduce([x, y])                    # one agreement, one fused bucket; averaged
+
+Gradient (Horovod's rule, ringtrain.gradient_rules): the cotangent allreduced with the same op and scale factors.
+"""
+import dataclasses
+import functools
+
+import jax
+from jax.core import ShapedArray
+
+import ringtrain as _core
+from ringtrain.ops import ReduceOp, resolve_op
+from ringtrain.process_sets import ProcessSet, global_process_set
+
+from . import gradients
+from .arrays import Wire, check_reduction, check_scales
+from .host_call import collective_primitive
+from .naming import collective_name
+
+
+@dataclasses.dataclass(frozen=True)
+class AllreduceSpec:
+    name: str
+    op: ReduceOp
+    prescale_factor: float
+    postscale_factor: float
+    process_set: ProcessSet
+
+
+def _run(*arrays, spec):
+    """One core call: allreduce for one array (the engine's express path), grouped_allreduce for several."""
+    wires = [Wire(a, spec.op) for a in arrays]
+    for w in wires:
+        check_scales(w, spec.prescale_factor, spec.postscale_factor, f"allreduce {spec.name!r}")
+    op = wires[0].op if len({w.op for w in wires}) == 1 else None
+    if op is None:                           # unsigned Average next to other dtypes: one request per wire op
+        results = [_core.allreduce(w.array, w.op, f"{spec.name}.{i}", spec.prescale_factor,
+                                   spec.postscale_factor, process_set=spec.process_set)
+                   for i, w in enumerate(wires)]
+    elif len(wires) == 1:
+        results = [_core.allreduce(wires[0].array, op, spec.name, spec.prescale_factor, spec.postscale_factor,
+                                   process_set=spec.process_set)]
+    else:
+        results = _core.grouped_allreduce([w.array for w in wires], op, spec.name, spec.prescale_factor,
+                                          spec.postscale_factor, process_set=spec.process_set)
+    size = spec.process_set.size()
+    return [w.back(r, size) for w, r in zip(wires, results)]
+
+
+def _same_avals(*avals, spec):
+    return [ShapedArray(a.shape, a.dtype) for a in avals]
+
+
+allreduce_p = collective_primitive("ringtrain_allreduce", _run, _same_avals)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _allreduce(xs, spec):
+    return tuple(allreduce_p.bind(*xs, spec=spec))
+
+
+def _allreduce_fwd(xs, spec):
+    return _allreduce(xs, spec), None
+
+
+def _allreduce_bwd(spec, _, cotangents):
+    return (gradients.backward("allreduce", cotangents, spec, op=spec.op, prescale_factor=spec.prescale_factor,
+                               postscale_factor=spec.postscale_factor),)
+
+
+_allreduce.defvjp(_allreduce_fwd, _allreduce_bwd)
+
+
+def _spec(kind, name, op, average, prescale_factor, postscale_factor, process_set):
+    return AllreduceSpec(collective_name(kind, name, process_set), resolve_op(op, average), float(prescale_factor),
+                         float(postscale_factor), process_set)
+
+
+def allreduce(tensor, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set,
+              average=None, compression=None):
+    """Reduce `tensor` (a jax.Array or anything jnp.asarray takes) over the set's ranks; default op Average
+    (integers: floor). `compression` (e.g. Compression.fp16) casts it for the wire and back. Differentiable."""
+    spec = _spec("allreduce", name, op, average, prescale_factor, postscale_factor, process_set)
+    tensor = jax.numpy.asarray(tensor)
+    wire, ctx = compression.compress(tensor) if compression is not None else (tensor, None)
+    check_reduction(wire.dtype, spec.op, f"allreduce {spec.name!r}")
+    (reduced,) = _allreduce((wire,), spec)
+    return compression.decompress(reduced, ctx) if compression is not None else reduced
+
+
+def grouped_allreduce(tensors, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                      process_set=global_process_set, average=None, compression=None):
+    """Allreduce a list (or pytree) of arrays as ONE collective: one name, one agreement, one fused bucket.
+    Returns the same structure. Differentiable."""
+    leaves, tree = jax.tree_util.tree_flatten(tensors)
+    if not leaves:
+        raise ValueError("grouped_allreduce needs at least one array")
+    spec = _spec("grouped_allreduce", name, op, average, prescale_factor, postscale_factor, process_set)
+    leaves = [jax.numpy.asarray(x) for x in leaves]
+    for x in leaves:
+        check_reduction(compression.compress(x)[0].dtype if compression is not None else x.dtype, spec.op,
+                        f"grouped_allreduce {spec.name!r}")
+    if compression is not None:
+        packed = [compression.compress(x) for x in leaves]
+        reduced = _allreduce(tuple(w for w, _ in packed), spec)
+        reduced = [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, packed)]
+    else:
+        reduced = _allreduce(tuple(leaves), spec)
+    return jax.tree_util.tree_unflatten(tree, list(reduced))
+
+

@@ -1,0 +1,93 @@
+"""broadcast and broadcast_variables: root_rank's arrays on every rank of the set.
+
+    params = hvd.broadcast_variables(params, root_rank=0)     # any pytree: one host call, one request per leaf
+
+root_rank is a world rank (Horovod's convention, process sets included).
+Gradient (Horovod's rule, ringtrain.gradient_rules): the cotangent averaged over the set's ranks on the root, zeros on the other ranks.
+"""
+import dataclasses
+import functools
+
+import jax
+from jax.core import ShapedArray
+
+import ringtrain as _core
+from ringtrain.process_sets import ProcessSet, global_process_set
+
+from . import gradients
+from .arrays import Wire, check_movable
+from .host_call import collective_primitive
+from .naming import collective_name
+
+
+@dataclasses.dataclass(frozen=True)
+class BroadcastSpec:
+    name: str
+    root_rank: int
+    process_set: ProcessSet
+
+
+def _run(*inputs, spec):
+    wires = [Wire(a) for a in inputs]
+    names = [spec.name] if len(wires) == 1 else [f"{spec.name}.{i}" for i in range(len(wires))]
+    handles = [_core.broadcast_async(w.array, spec.root_rank, n, process_set=spec.process_set)
+               for w, n in zip(wires, names)]
+    return [w.back(h.wait()) for w, h in zip(wires, handles)]
+
+
+def _same_avals(*avals, spec):
+    return [ShapedArray(a.shape, a.dtype) for a in avals]
+
+
+broadcast_p = collective_primitive("ringtrain_broadcast", _run, _same_avals)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _broadcast(xs, spec):
+    return tuple(broadcast_p.bind(*xs, spec=spec))
+
+
+def _broadcast_fwd(xs, spec):
+    return _broadcast(xs, spec), None
+
+
+def _broadcast_bwd(spec, _, cotangents):
+    return (gradients.backward("broadcast", cotangents, spec, root_rank=spec.root_rank),)
+
+
+_broadcast.defvjp(_broadcast_fwd, _broadcast_bwd)
+
+
+def _checked(leaves, what):
+    leaves = [jax.numpy.asarray(x) for x in leaves]
+    for x in leaves:
+        check_movable(x.dtype, what)
+    return tuple(leaves)
+
+
+def _check_root(root_rank, what):
+    if not isinstance(root_rank, int) or isinstance(root_rank, bool):
+        raise TypeError(f"{what}: root_rank must be an int, got {root_rank!r}")
+    if not 0 <= root_rank < _core.size():
+        raise ValueError(f"{what}: root_rank {root_rank} is out of range for {_core.size()} ranks")
+    return root_rank
+
+
+def broadcast(tensor, root_rank=0, name=None, process_set=global_process_set):
+    """root_rank's `tensor` on every rank of the set. Differentiable."""
+    spec = BroadcastSpec(collective_name("broadcast", name, process_set), _check_root(root_rank, "broadcast"),
+                         process_set)
+    (result,) = _broadcast(_checked([tensor], f"broadcast {spec.name!r}"), spec)
+    return result
+
+
+def broadcast_variables(variables, root_rank=0, name=None, process_set=global_process_set):
+    """root_rank's pytree of arrays (model parameters, optimizer state) on every rank: the same structure, in one
+    host call. Non-array leaves are not allowed (broadcast_object covers Python objects)."""
+    leaves, tree = jax.tree_util.tree_flatten(variables)
+    if not leaves:
+        return variables
+    spec = BroadcastSpec(collective_name("broadcast_variables", name, process_set),
+                         _check_root(root_rank, "broadcast_variables"), process_set)
+    return jax.tree_util.tree_unflatten(tree, list(_broadcast(_checked(leaves, f"broadcast_variables {spec.name!r}"),
+                                                                    spec)))
