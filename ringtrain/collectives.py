@@ -14,7 +14,7 @@ from .handle import Handle
 from .names import auto_name as _auto_name
 from .engine_model import Meta
 from .ops import Average, as_op, check_op_dtype, dtype_name
-from .process_sets import route
+from .routing import route
 from .request import Request
 
 
@@ -68,7 +68,7 @@ def _describe(kind, array, name, to, op=-1, root=-1, scales=(1.0, 1.0), splits=(
 
 def _submit(kind, array, name, op=-1, root=-1, scales=(1.0, 1.0), splits=(), out=None, op_obj=None, sync=False,
             to=None):
-    """Queue one request to the engine of route `to` (default: the world's; see process_sets.route)."""
+    """Queue one request to the engine of route `to` (default: the world's; see routing.route)."""
     to = to if to is not None else route(None)
     name, meta = _describe(kind, array, name, to, op, root, scales, splits, op_obj)
     return _enqueue(to, name, meta, array, out, sync)

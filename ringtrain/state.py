@@ -3,7 +3,7 @@ import atexit
 import logging
 import threading
 
-from . import gpu, names
+from . import gpu, names, set_registry
 from .config import Config
 from .errors import NotInitializedError, RingtrainError
 
@@ -39,12 +39,24 @@ def init(comm=None, process_sets=None, **config_overrides):
         _state = (topology, engine, config, gpu_id)
         names.reset()
     atexit.register(_shutdown_at_exit)
-    from . import process_sets as sets
-    sets.global_process_set.ranks = list(range(topology.size))
+    set_registry.set_world(topology.rank, topology.size)
     if process_sets == "dynamic":     # Horovod's switch for add/remove after init: always on here
         process_sets = ()
     for process_set in process_sets or ():
-        sets.add_process_set(process_set)
+        _add_process_set(process_set, topology.world, config)
+
+
+def _add_process_set(process_set, world, config):
+    """init(process_sets=...): as process_sets.add_process_set, agreeing on the ranks with one MPI allgather on
+    the world (every rank is in init() together; the collectives sit above this module)."""
+    if not isinstance(process_set, set_registry.ProcessSet):
+        process_set = set_registry.ProcessSet(process_set)
+    if process_set.process_set_id is not None:
+        raise ValueError(f"{process_set!r} is already registered")
+    ranks = process_set.ranks
+    if ranks is None:
+        ranks = set_registry._world_ranks_of(process_set.mpi_comm, world)
+    set_registry.create(process_set, world.allgather(ranks), world, config)
 
 
 def _bind_gpu(local_rank):
@@ -61,8 +73,7 @@ def shutdown():
     global _state
     if _state is None:
         return
-    from . import process_sets
-    process_sets.shutdown_all()     # their engines first: each set's members stop it together
+    set_registry.shutdown_all()     # their engines first: each set's members stop it together
     with _lock:
         if _state is None:
             return
@@ -80,7 +91,6 @@ def abandon(reason):
     may then start ringtrain on a new world. Used by ringtrain.elastic when a peer died; a no-op when not
     initialised."""
     global _state
-    from . import process_sets
     from .errors import RankFailureError
     with _lock:
         if _state is None:
@@ -88,7 +98,7 @@ def abandon(reason):
         _, engine, _, _ = _state
         _state = None
     error = RankFailureError(reason)
-    process_sets.abandon_all(error)
+    set_registry.abandon_all(error)
     engine.abandon(error)
 
 
