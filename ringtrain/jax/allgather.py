@@ -75,6 +75,7 @@ def _allgather_bwd(spec, _, cotangents):
 
 
 _allgather.defvjp(_allgather_fwd, _allgather_bwd)
+gradients.register("allgather", AllgatherSpec, _allgather)
 
 
 def is_traced(leaves):

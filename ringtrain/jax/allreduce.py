@@ -74,6 +74,7 @@ def _allreduce_bwd(spec, _, cotangents):
 
 
 _allreduce.defvjp(_allreduce_fwd, _allreduce_bwd)
+gradients.register("allreduce", AllreduceSpec, _allreduce)
 
 
 def _spec(kind, name, op, average, prescale_factor, postscale_factor, process_set):

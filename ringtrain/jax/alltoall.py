@@ -69,6 +69,7 @@ def _alltoall_bwd(spec, _, cotangent):
 
 
 _alltoall.defvjp(_alltoall_fwd, _alltoall_bwd)
+gradients.register("alltoall", AlltoallSpec, _alltoall)
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):

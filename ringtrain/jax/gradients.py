@@ -5,11 +5,19 @@ runs on the cotangents and what is kept, and `JaxPrimitives` runs it with ringtr
 collectives, so the backward pass is ordered and named like any other collective (`<forward name>.grad`).
 Under tracing every rank's dim 0 of an allgather is equal (allgather.py checks it), so "this rank's rows" start at
 rank x rows.
+A collective's gradient is a collective: each primitive module registers its differentiable function here
+(`register`) when it is imported, so this module imports none of them (no import circle).
 """
 import jax
 import jax.numpy as jnp
 
 from ringtrain import gradient_rules
+
+_differentiable = {}      # kind -> (Spec class, the differentiable function), registered by allreduce.py & co.
+
+
+def register(kind, spec_class, function):
+    _differentiable[kind] = (spec_class, function)
 
 
 class JaxPrimitives(gradient_rules.Primitives):
@@ -17,17 +25,16 @@ class JaxPrimitives(gradient_rules.Primitives):
         self.gather_rows = gather_rows        # per cotangent, per rank: dim 0 for a backward allgather
 
     def allreduce(self, grads, op, prescale_factor, postscale_factor, process_set, name):
-        from .allreduce import AllreduceSpec, _allreduce
-        return list(_allreduce(tuple(grads), AllreduceSpec(name, op, prescale_factor, postscale_factor,
-                                                           process_set)))
+        spec_class, allreduce = _differentiable["allreduce"]
+        return list(allreduce(tuple(grads), spec_class(name, op, prescale_factor, postscale_factor, process_set)))
 
     def allgather(self, grads, process_set, name):
-        from .allgather import AllgatherSpec, _allgather
-        return list(_allgather(tuple(grads), AllgatherSpec(name, process_set, self.gather_rows)))
+        spec_class, allgather = _differentiable["allgather"]
+        return list(allgather(tuple(grads), spec_class(name, process_set, self.gather_rows)))
 
     def alltoall(self, grad, splits, process_set, name):
-        from .alltoall import AlltoallSpec, _alltoall
-        return _alltoall(grad, AlltoallSpec(name, process_set))
+        spec_class, alltoall = _differentiable["alltoall"]
+        return alltoall(grad, spec_class(name, process_set))
 
     def rows_of_rank(self, grad, rows, process_set, name):
         start = process_set.rank() * rows
