@@ -300,6 +300,11 @@ MUTANTS = [
            '        (lambda *a, **k: None)(total, name=f"{self.prefix}.grad_norm"',
            (Tests((SHARDED,), ranks=2, select="clip"),),
            "each rank clips its shard by the norm of its own shard only"),
+    Mutant("sharded_forward_uses_parameters_still_in_flight", "ringtrain/torch/sharded.py",
+           "    for sharding in list(_GATHERING):\n        sharding.before_forward(module)",
+           "    return",
+           (Tests((SHARDED,), ranks=2, select="next_forward"),),
+           "gather_parameters='forward': a module's forward runs on the parameters of the step before"),
 ]
 
 

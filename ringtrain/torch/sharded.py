@@ -29,6 +29,12 @@ ordinary torch state dict (as the unsharded optimizer would have it), loadable a
 state), and reshard on load as well. hvd.save_checkpoint / hvd.load_checkpoint consolidate and scatter by
 themselves.
 
+Parameter allgather: by default step() ends when every parameter is updated on every rank (two buckets in flight,
+so it costs two buckets of memory). gather_parameters="forward" lets step() return at once: the allgathers run
+while the next batch is prepared and the forward pass runs, and each module's forward waits only for its own
+parameters (a global forward pre-hook). Parameters read outside their module's forward (tied weights used by
+another module, saving the model by hand) need `optimizer.wait_for_parameters()` first; hvd.save_checkpoint waits.
+
 Uneven inputs: a rank out of data calls `optimizer.join()` (not hvd.join()): it keeps taking part in the other
 ranks' steps with zero gradients -- it still owns a shard to update and allgather -- until every rank has joined.
 The step then uses sum(gradients of ranks with data) / size, as DistributedOptimizer's join does.
@@ -39,6 +45,7 @@ import inspect
 import itertools
 import os
 import warnings
+import weakref
 
 import torch
 
@@ -119,6 +126,11 @@ class ShardedOptimizerMixin:
         see the files (a shared file system)."""
         self._rt_sharding.load_shards(os.fspath(path))
 
+    def wait_for_parameters(self):
+        """With gather_parameters="forward": finish every parameter allgather still in flight, e.g. before reading
+        or saving the model's parameters outside its forward. A no-op otherwise."""
+        self._rt_sharding.wait_for_parameters()
+
     def shard_numel(self):
         """Number of parameter elements this rank updates (and keeps optimizer state for)."""
         return self._rt_sharding.plan.owned_numel(self._rt_sharding.rank)
@@ -133,7 +145,8 @@ class _Sharding:
     rank's shard. Lives beside the user's optimizer (as DDP's Reducer), not in its attributes."""
 
     def __init__(self, owner, named_parameters, stage, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, process_set, bucket_cap_mb, first_bucket_mb, overlap):
+                 gradient_predivide_factor, process_set, bucket_cap_mb, first_bucket_mb, overlap,
+                 gather_parameters):
         base = type(owner).__mro__[2]            # (wrapper class, ShardedOptimizerMixin, the user's class, ...)
         if base.__name__ in _REFUSED:
             raise ValueError(f"{base.__name__} does not update each element independently of the others, so it "
@@ -147,6 +160,12 @@ class _Sharding:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
         if overlap not in (None, True, False):
             raise ValueError(f"overlap must be None, True or False, got {overlap!r}")
+        if gather_parameters not in ("step", "forward"):
+            raise ValueError(f"gather_parameters must be 'step' or 'forward', got {gather_parameters!r}")
+        self.gather_in_forward = gather_parameters == "forward"
+        self.gathers = {}                                  # bucket -> allgather handle not yet unpacked
+        if self.gather_in_forward:
+            _install_forward_hook()
         self.owner, self.stage, self.compression, self.op = owner, stage, compression, op
         self.passes_per_step = int(backward_passes_per_step)
         self.scales = (dict(prescale_factor=1.0 / gradient_predivide_factor,
@@ -184,7 +203,8 @@ class _Sharding:
         self.arrivals = [0] * len(self.params)            # backward passes seen per parameter since the last step
         self.waiting = [len(b.params) for b in self.plan.buckets]   # parameters of each bucket not yet final
         self.flats = [None] * len(self.plan.buckets)       # stage 1: persistent flat gradient buffer per bucket
-        self.handles = {}                                  # bucket -> (handle or None, flat, ctx)
+        self.handles = {}                                  # bucket -> _Reduction, this step
+        self.pool = {}                                     # stage 2: (numel, dtype, device) -> free flat tensors
         self.synchronized = False
         self.consolidated = None
         self.hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in self.params]
@@ -240,26 +260,28 @@ class _Sharding:
                 self._submit(b, sync=False)
 
     def _submit(self, b, sync):
-        """Pack bucket b's gradients (zeros for a parameter without one) into one flat tensor and start its
-        reduction: allreduce in place (stage 1) or reducescatter (stage 2, whose full gradients are then freed)."""
+        """Start bucket b's reduction: allreduce in place (stage 1) or reducescatter (stage 2, whose full gradients
+        are then freed). A bucket of one parameter travels in its own .grad; several are packed into one flat
+        tensor (zeros for a parameter without a gradient): stage 1's persistent, stage 2's from a small pool."""
         bucket = self.plan.buckets[b]
         params = [self.params[i] for i in bucket.params]
+        pooled = False
         with torch.no_grad():
-            if self.stage == 1:
-                flat = self.flats[b]
-                if flat is None:
-                    like = params[0]
-                    flat = self.flats[b] = (shared.empty_shared(bucket.numel, dtype=like.dtype)
-                                            if like.device.type == "cpu"
-                                            else torch.empty(bucket.numel, dtype=like.dtype, device=like.device))
+            if len(params) == 1 and params[0].grad is not None and params[0].grad.is_contiguous():
+                flat = params[0].grad.view(-1)              # no copy: reduced where backward left it
             else:
-                flat = torch.empty(bucket.numel, dtype=params[0].dtype, device=params[0].device)
-            for p, start in zip(params, bucket.starts):
-                target = flat[start:start + p.numel()]
-                if p.grad is None:
-                    target.zero_()
+                if self.stage == 1:
+                    flat = self.flats[b]
+                    if flat is None:
+                        flat = self.flats[b] = self._empty(bucket.numel, params[0], shared_window=True)
                 else:
-                    target.copy_(p.grad.reshape(-1))
+                    flat, pooled = self._pool_take(bucket.numel, params[0]), True
+                for p, start in zip(params, bucket.starts):
+                    target = flat[start:start + p.numel()]
+                    if p.grad is None:
+                        target.zero_()
+                    else:
+                        target.copy_(p.grad.reshape(-1))
             if self.stage == 2:
                 for p in params:
                     p.grad = None           # the point of stage 2: only the shard of this bucket stays
@@ -275,7 +297,38 @@ class _Sharding:
         else:
             handle = functions.reducescatter_async(wire, name=name, op=self.op, process_set=self.process_set,
                                                    **self.scales)
-        self.handles[b] = (handle, flat, wire, ctx)
+            if sync:
+                handle.wait()
+        self.handles[b] = _Reduction(handle, flat, wire, ctx, pooled)
+        if self.stage == 2:
+            self._collect_finished()
+
+    def _empty(self, numel, like, shared_window=False):
+        if like.device.type == "cpu" and shared_window:   # in the shm window: allreduced in place, no copies
+            return shared.empty_shared(numel, dtype=like.dtype)
+        return torch.empty(numel, dtype=like.dtype, device=like.device)
+
+    def _pool_take(self, numel, like):
+        free = self.pool.get((numel, like.dtype, like.device))
+        return free.pop() if free else self._empty(numel, like)
+
+    def _collect_finished(self):
+        """Stage 2: take the results of buckets whose reducescatter has finished (never waits), so their full
+        gradients are freed (or their flat tensor is reused) while backward goes on."""
+        for reduction in self.handles.values():
+            if reduction.result is None and reduction.handle.poll():
+                self._fetch(reduction)
+
+    def _fetch(self, reduction):
+        result = reduction.handle.wait() if reduction.handle is not None else reduction.wire
+        reduction.result = self.compression.decompress(result, reduction.ctx)
+        if self.stage == 2:
+            if reduction.pooled:
+                free = self.pool.setdefault((reduction.flat.numel(), reduction.flat.dtype, reduction.flat.device), [])
+                if len(free) < 2:
+                    free.append(reduction.flat)
+            reduction.flat = reduction.wire = None
+        return reduction.result
 
     def _check_passes(self):
         over = [self.names[id(self.params[i])] for i, n in enumerate(self.arrivals) if n > self.passes_per_step]
@@ -302,20 +355,22 @@ class _Sharding:
         block_grads = {}
         with torch.no_grad():
             for b in sorted(self.handles):
-                handle, flat, wire, ctx = self.handles[b]
-                bucket = self.plan.buckets[b]
-                result = handle.wait() if handle is not None else wire
-                result = self.compression.decompress(result, ctx)
-                if self.stage == 1:
-                    if result is not flat:
-                        flat.copy_(result)
-                    params = [self.params[i] for i in bucket.params]
-                    for p, start in zip(params, bucket.starts):   # every rank keeps the whole averaged gradient
-                        if p.grad is None or not p.grad.is_contiguous():
-                            p.grad = torch.empty_like(p, memory_format=torch.contiguous_format)
-                        p.grad.copy_(flat[start:start + p.numel()].view_as(p))
-                else:
+                reduction = self.handles[b]
+                result = reduction.result if reduction.result is not None else self._fetch(reduction)
+                if self.stage == 2:
                     block_grads[b] = result.reshape(-1)
+                    continue
+                flat = reduction.flat
+                if result is not flat:                  # compressed: the wire came back in another dtype
+                    flat.copy_(result)
+                bucket = self.plan.buckets[b]
+                params = [self.params[i] for i in bucket.params]
+                for p, start in zip(params, bucket.starts):   # every rank keeps the whole averaged gradient
+                    if p.grad is not None and p.grad.data_ptr() == flat.data_ptr() and p.numel() == flat.numel():
+                        continue                               # reduced in its own .grad
+                    if p.grad is None or not p.grad.is_contiguous():
+                        p.grad = torch.empty_like(p, memory_format=torch.contiguous_format)
+                    p.grad.copy_(flat[start:start + p.numel()].view_as(p))
             for piece, view in zip(self.pieces, self.views):
                 lo = piece.offset - self.plan.buckets[piece.bucket].block_starts[self.rank]
                 if self.stage == 2:
@@ -331,10 +386,10 @@ class _Sharding:
         self.waiting = [len(b.params) for b in self.plan.buckets]
 
     def _drain(self):
-        for handle, *_ in self.handles.values():
-            if handle is not None:
+        for reduction in self.handles.values():
+            if reduction.handle is not None:
                 try:
-                    handle.wait()
+                    reduction.handle.wait()
                 except RingtrainError:
                     pass
         self._reset_step()
@@ -347,38 +402,61 @@ class _Sharding:
         return self._apply()
 
     def _apply(self):
+        self.wait_for_parameters()           # (gathers still in flight from the last step: an unused layer's)
         for group, mine in zip(self.owner.param_groups, self.inner.param_groups):
             mine.update(_hyperparameters(group))        # lr schedulers change the user's groups
         result = self.inner.step()
         self.synchronized = False
-        self._allgather_parameters()
         for view in self.views:
             view.grad = None
+        if self.gather_in_forward:
+            self._start_gathers_for_forward()
+        else:
+            self._allgather_parameters()
         return result
+
+    def _start_gather(self, b):
+        """Allgather this rank's updated block of bucket b (its one piece in place, several concatenated)."""
+        pieces = [view for piece, view in zip(self.pieces, self.views) if piece.bucket == b]
+        like = self.params[self.plan.buckets[b].params[0]]
+        block = (pieces[0] if len(pieces) == 1 else torch.cat(pieces) if pieces
+                 else torch.empty(0, dtype=like.dtype, device=like.device))
+        return functions.allgather_async(block, name=f"{self.prefix}.param{b}", process_set=self.process_set)
 
     def _allgather_parameters(self):
         """Every rank's updated block of each bucket, concatenated in rank order, is the whole bucket: unpack it into
         the parameters. Two buckets in flight at a time: peak extra memory is two buckets, not the model."""
-        buckets = self.plan.buckets
-        mine = collections.defaultdict(list)
-        for piece, view in zip(self.pieces, self.views):
-            mine[piece.bucket].append(view)
         in_flight = collections.deque()
-
-        def start(b):
-            like = self.params[buckets[b].params[0]]
-            block = (torch.cat(mine[b]) if mine[b]
-                     else torch.empty(0, dtype=like.dtype, device=like.device))
-            in_flight.append((b, functions.allgather_async(block, name=f"{self.prefix}.param{b}",
-                                                           process_set=self.process_set)))
-
         with torch.no_grad():
-            for b in range(len(buckets)):
-                start(b)
+            for b in range(len(self.plan.buckets)):
+                in_flight.append((b, self._start_gather(b)))
                 if len(in_flight) > 1:
                     self._unpack(*in_flight.popleft())
             while in_flight:
                 self._unpack(*in_flight.popleft())
+
+    def _start_gathers_for_forward(self):
+        """gather_parameters="forward": start every bucket's allgather now, first layers first (buckets follow
+        backward order), and unpack each when a module that owns one of its parameters starts its forward."""
+        for b in reversed(range(len(self.plan.buckets))):
+            self.gathers[b] = self._start_gather(b)
+        _GATHERING.add(self)
+
+    def before_forward(self, module):
+        for p in module._parameters.values():
+            b = self.bucket_of[self.position[id(p)]] if p is not None and id(p) in self.position else None
+            if b is not None and b in self.gathers:
+                with torch.no_grad():
+                    self._unpack(b, self.gathers.pop(b))
+        if not self.gathers:
+            _GATHERING.discard(self)
+
+    def wait_for_parameters(self):
+        """Unpack every parameter allgather still in flight (gather_parameters="forward")."""
+        with torch.no_grad():
+            for b in sorted(self.gathers, reverse=True):
+                self._unpack(b, self.gathers.pop(b))
+        _GATHERING.discard(self)
 
     def _unpack(self, b, handle):
         whole = handle.wait()
@@ -409,7 +487,7 @@ class _Sharding:
         return total.to(like.dtype)
 
     def zero_grad(self, set_to_none):
-        if any(handle is not None and not handle.poll() for handle, *_ in self.handles.values()):
+        if any(r.handle is not None and not r.handle.poll() for r in self.handles.values()):
             raise RingtrainError("optimizer.zero_grad() was called after loss.backward() but before "
                                  "optimizer.step(): gradient buckets are still being reduced "
                                  f"(buckets {sorted(self.handles)})")
@@ -437,6 +515,7 @@ class _Sharding:
         return flags
 
     def join(self):
+        self.wait_for_parameters()
         last = self.rank
         self.zero_grad(set_to_none=True)
         while True:
@@ -456,6 +535,7 @@ class _Sharding:
     def consolidate(self, to):
         """Gather the whole state on world rank `to`, bucket by bucket: the scalars (step counts, ...) of each
         parameter travel pickled, each elementwise state key as one allgather of the ranks' blocks per bucket."""
+        self.wait_for_parameters()
         manifest = {}              # param -> {key: ("tensor", dtype) | ("value", value)}, from its first piece here
         for piece, view in zip(self.pieces, self.views):
             state = self.inner.state.get(view, {})
@@ -532,6 +612,7 @@ class _Sharding:
     def _load_pieces(self, entries, param_groups):
         """entries[k] = this rank's k-th piece's state ({key: value}); loads them into the inner optimizer and the
         saved hyper-parameters into the user's groups."""
+        self.wait_for_parameters()
         if len(param_groups) != len(self.owner.param_groups):
             raise ValueError(f"the state dict has {len(param_groups)} parameter groups, this optimizer "
                              f"{len(self.owner.param_groups)}")
@@ -582,6 +663,7 @@ class _Sharding:
         self._load_pieces(entries, skeleton["param_groups"])
 
     def save_shards(self, path):
+        self.wait_for_parameters()
         layout = {"format": "ringtrain.shards/1", "size": self.size, "plan": self.plan.describe(),
                   "param_groups": self._param_groups_for_saving()}
         shard = {"format": "ringtrain.shard/1", "rank": self.rank, "size": self.size,
@@ -642,6 +724,33 @@ class _Sharding:
         functions.barrier(process_set=self.process_set)     # nobody overwrites the files while others read them
 
 
+# sharded optimizers with parameter allgathers in flight (gather_parameters="forward"), and the one global forward
+# pre-hook that finishes them module by module: a module's forward waits only for the buckets of its own parameters
+_GATHERING = weakref.WeakSet()
+_forward_hook = None
+
+
+def _finish_gathers_before_forward(module, args):
+    for sharding in list(_GATHERING):
+        sharding.before_forward(module)
+
+
+def _install_forward_hook():
+    global _forward_hook
+    if _forward_hook is None:
+        _forward_hook = torch.nn.modules.module.register_module_forward_pre_hook(_finish_gathers_before_forward)
+
+
+class _Reduction:
+    """One bucket's collective in flight: what was sent (flat, and wire when compressed), its handle (None when run
+    synchronously) and, once fetched, its result (decompressed)."""
+    __slots__ = ("handle", "flat", "wire", "ctx", "pooled", "result")
+
+    def __init__(self, handle, flat, wire, ctx, pooled):
+        self.handle, self.flat, self.wire, self.ctx, self.pooled = handle, flat, wire, ctx, pooled
+        self.result = None
+
+
 class _OldPiece:
     __slots__ = ("rank", "index", "start", "length")
 
@@ -676,7 +785,8 @@ _wrapper_classes = {}
 
 def sharded_optimizer(optimizer, shard, named_parameters=None, compression=Compression.none,
                       backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
-                      process_set=global_process_set, bucket_cap_mb=25, first_bucket_mb=1.0, overlap=None):
+                      process_set=global_process_set, bucket_cap_mb=25, first_bucket_mb=1.0, overlap=None,
+                      gather_parameters="step"):
     """What DistributedOptimizer(optimizer, shard=...) returns; see the module docstring."""
     if shard not in STAGES:
         raise ValueError(f"shard must be one of {sorted(STAGES)} (or None for no sharding), got {shard!r}")
@@ -694,5 +804,5 @@ def sharded_optimizer(optimizer, shard, named_parameters=None, compression=Compr
     wrapped.state = collections.defaultdict(dict)
     wrapped._rt_sharding = _Sharding(wrapped, named_parameters, STAGES[shard], compression, backward_passes_per_step,
                                      op, gradient_predivide_factor, process_set, bucket_cap_mb, first_bucket_mb,
-                                     overlap)
+                                     overlap, gather_parameters)
     return wrapped

@@ -358,3 +358,18 @@ def test_save_checkpoint_and_load_checkpoint_reshard_through_rank_zero(rt):
     train_sharded(rt, make, data[2:], "gradients", model=resumed, opt=ropt)
     reference, _ = train_reference(make, data)
     assert_close_models(resumed, reference, rtol, "checkpoint through save_checkpoint/load_checkpoint")
+
+
+@STAGES
+def test_parameter_allgather_during_the_next_forward(rt, stage):
+    """gather_parameters="forward": step() returns with allgathers in flight; each layer's forward waits for its own
+    parameters. Same result as one process."""
+    make, rtol = OPTIMIZERS["adam"]
+    data = batches(rt.size() * SHARD, steps=4)
+    model, opt = train_sharded(rt, make, data[:3], stage, gather_parameters="forward", **CAPS)
+    assert opt._rt_sharding.gathers, "step() should leave the parameter allgathers in flight"
+    train_sharded(rt, make, data[3:], stage, model=model, opt=opt)
+    opt.wait_for_parameters()
+    reference, _ = train_reference(make, data)
+    assert_close_models(model, reference, rtol, f"gather_parameters=forward, shard={stage}")
+    assert_same_on_all_ranks(rt, model, f"check.sharded.forward_gather.{stage}")
