@@ -1,12 +1,12 @@
 """examples/train.py's experiment through Keras 3's model.fit, data-parallel with ringtrain.keras.
 
-The same 1-hidden-layer sigmoid MLP (input-100-10), plain SGD, batch 100 per rank, 20 epochs, on scikit-learn's
-digits (or MNIST with `--mnist DIR`). Every rank fits on its shard; DistributedOptimizer averages the gradients
-inside fit; the callbacks start every rank from rank 0's weights and average the epoch metrics; only rank 0 prints
-and writes the checkpoint.
+The same 1-hidden-layer sigmoid MLP (input-100-10), plain SGD (lr 0.5 x ranks, 2 warm-up epochs), batch 100 per rank,
+20 epochs, on scikit-learn's digits (or MNIST with `--mnist DIR`). Every rank fits on its shard; DistributedOptimizer
+averages the gradients inside fit; the callbacks start every rank from rank 0's weights and average the epoch metrics;
+only rank 0 prints and writes the checkpoint.
 
     python examples/keras_train.py
-    mpirun -np 2 python examples/keras_train.py --lr 0.5 --lr-scaling --warmup-epochs 2
+    mpirun -np 2 python examples/keras_train.py
 """
 import argparse
 import os
@@ -28,10 +28,11 @@ def parse_args():
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=100, help="rows per rank per step")
-    parser.add_argument("--lr", type=float, default=0.001, help="learning rate on one rank")
+    parser.add_argument("--lr", type=float, default=0.5, help="learning rate on one rank")
     parser.add_argument("--hidden", type=int, default=100)
-    parser.add_argument("--lr-scaling", action="store_true", help="use lr * size (linear scaling rule)")
-    parser.add_argument("--warmup-epochs", type=int, default=0,
+    parser.add_argument("--lr-scaling", action=argparse.BooleanOptionalAction, default=True,
+                        help="use lr * size (linear scaling rule)")
+    parser.add_argument("--warmup-epochs", type=int, default=2,
                         help="with --lr-scaling: ramp the lr from lr to lr*size over this many epochs")
     parser.add_argument("--mnist", metavar="DIR", help="train on the MNIST IDX files in DIR instead of sklearn digits")
     parser.add_argument("--test-fraction", type=float, default=0.2, help="digits only: held-out share")

@@ -1,11 +1,11 @@
 """examples/train.py's experiment as a custom TensorFlow 2 training loop: DistributedGradientTape inside tf.function.
 
-The same 1-hidden-layer sigmoid MLP (input-100-10), plain SGD, batch 100 per rank, 20 epochs, on scikit-learn's
-digits (or MNIST with `--mnist DIR`). Each step is one tf.function: forward, tape, gradients averaged over all ranks
-(one host call per step into ringtrain's engine), SGD update.
+The same 1-hidden-layer sigmoid MLP (input-100-10), plain SGD (lr 0.5 x ranks, 2 warm-up epochs), batch 100 per rank,
+20 epochs, on scikit-learn's digits (or MNIST with `--mnist DIR`). Each step is one tf.function: forward, tape,
+gradients averaged over all ranks (one host call per step into ringtrain's engine), SGD update.
 
     python examples/tf_train.py
-    mpirun -np 2 python examples/tf_train.py --lr 0.5 --lr-scaling --warmup-epochs 2
+    mpirun -np 2 python examples/tf_train.py
 """
 import argparse
 import os
@@ -25,10 +25,11 @@ def parse_args():
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=100, help="rows per rank per step")
-    parser.add_argument("--lr", type=float, default=0.001, help="learning rate on one rank")
+    parser.add_argument("--lr", type=float, default=0.5, help="learning rate on one rank")
     parser.add_argument("--hidden", type=int, default=100)
-    parser.add_argument("--lr-scaling", action="store_true", help="use lr * size (linear scaling rule)")
-    parser.add_argument("--warmup-epochs", type=float, default=0.0,
+    parser.add_argument("--lr-scaling", action=argparse.BooleanOptionalAction, default=True,
+                        help="use lr * size (linear scaling rule)")
+    parser.add_argument("--warmup-epochs", type=float, default=2.0,
                         help="with --lr-scaling: ramp the lr from lr to lr*size over this many epochs")
     parser.add_argument("--mnist", metavar="DIR", help="train on the MNIST IDX files in DIR instead of sklearn digits")
     parser.add_argument("--test-fraction", type=float, default=0.2, help="digits only: held-out share")

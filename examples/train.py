@@ -1,18 +1,17 @@
-"""The classic distributed-TensorFlow tutorial experiment, trained synchronously over ringtrain's ring.
+"""Data-parallel training with ringtrain.torch: a small MLP learns handwritten digits on every rank's shard.
 
-A 1-hidden-layer sigmoid MLP (input-100-10), plain SGD at lr 0.001, batch 100 per worker, 20 epochs. The tutorial ran
-it on MNIST with an asynchronous parameter server; here every rank trains on its shard and the gradients are averaged
-by DistributedOptimizer, on scikit-learn's handwritten digits (8x8, ships with the package) or on MNIST (`--mnist DIR`
-with the standard IDX files, gzipped or not).
+A 1-hidden-layer sigmoid MLP (input-100-10), plain SGD, batch 100 per rank, 20 epochs, on scikit-learn's handwritten
+digits (8x8, ships with the package) or on MNIST (`--mnist DIR` with the standard IDX files, gzipped or not). Every
+rank trains on its shard and DistributedOptimizer averages the gradients; rank 0 prints and writes a checkpoint.
 
     python examples/train.py                          # 1 rank
     mpirun -np 2 python examples/train.py             # 2 ranks (or: ringtrain-run -np 2 python examples/train.py)
-    mpirun -np 3 python examples/train.py --lr-scaling --warmup-epochs 2
     mpirun -np 2 python examples/train.py --resume    # continue from the last epoch's checkpoint
+    mpirun -np 2 python examples/train.py --lr 0.001 --no-lr-scaling --warmup-epochs 0   # the classic tutorial setting
 
 Each rank sees batch_size rows per step, so N ranks take N times fewer steps per epoch over an N times larger global
-batch: at a fixed lr that means less progress per epoch. `--lr-scaling` multiplies the lr by N (the linear scaling rule,
-Goyal et al. 2017), ramped up linearly over `--warmup-epochs`.
+batch: at a fixed lr that means less progress per epoch. By default the lr is multiplied by N (the linear scaling rule,
+Goyal et al. 2017), ramped up linearly over `--warmup-epochs`; `--no-lr-scaling` keeps it fixed.
 """
 import argparse
 import os
@@ -31,10 +30,11 @@ def parse_args():
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=100, help="rows per rank per step")
-    parser.add_argument("--lr", type=float, default=0.001, help="learning rate on one rank")
+    parser.add_argument("--lr", type=float, default=0.5, help="learning rate on one rank")
     parser.add_argument("--hidden", type=int, default=100)
-    parser.add_argument("--lr-scaling", action="store_true", help="use lr * size (linear scaling rule)")
-    parser.add_argument("--warmup-epochs", type=float, default=0.0,
+    parser.add_argument("--lr-scaling", action=argparse.BooleanOptionalAction, default=True,
+                        help="use lr * size (linear scaling rule)")
+    parser.add_argument("--warmup-epochs", type=float, default=2.0,
                         help="with --lr-scaling: ramp the lr from lr to lr*size over this many epochs")
     parser.add_argument("--mnist", metavar="DIR", help="train on the MNIST IDX files in DIR instead of sklearn digits")
     parser.add_argument("--test-fraction", type=float, default=0.2, help="digits only: held-out share")

@@ -1,0 +1,80 @@
+"""Every example in examples/ runs as a real 2-rank job and does what README.md and examples/README.md say it does.
+
+The quickstart's command (`mpirun -np 2 python examples/train.py`, no flags) must reach the test accuracy the README
+promises: the README shows its real output. The last test fails when an example is added without a run here (or in
+the test file named for it in COVERED_ELSEWHERE).
+"""
+import glob
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from ringtrain import run
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLES = os.path.join(REPO, "examples")
+HELPER_MODULES = {"data.py"}                                     # imported by the examples, not run on its own
+# examples that another test file already runs as a multi-rank job (the runs there are costlier than a repeat here)
+COVERED_ELSEWHERE = {"parallel_trials.py": "tests/test_parallel_trials.py"}
+JOB_TIMEOUT_S = 300
+
+
+def run_example(script, *args, ranks=2, cwd):
+    """`mpirun -np <ranks> python examples/<script> <args>`, as a user types it, from `cwd`."""
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+    cmd = [run.find_mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpi4py", os.path.join(EXAMPLES, script),
+           *args]
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def final_accuracy(out):
+    return float(re.search(r"final: .*test accuracy ([0-9.]+)", out).group(1))
+
+
+def test_numpy_allreduce(tmp_path):
+    out = run_example("numpy_allreduce.py", cwd=tmp_path)
+    for rank in (0, 1):                       # 1s and 2s average to 1.5; 1 + 2 rows gathered; rank 0's config
+        assert f"rank {rank}/2 via " in out and "mean=[1.5 1.5 1.5 1.5] rows=3 config={'lr': 0.2}" in out, out
+
+
+def test_train_quickstart_reaches_the_readme_accuracy(tmp_path):
+    out = run_example("train.py", cwd=tmp_path)          # the README's command, defaults and all
+    assert "epoch  20/20" in out and final_accuracy(out) >= 0.9, out
+    assert os.path.exists(tmp_path / "train_checkpoint.pt")
+
+
+def test_gpu_train_runs_on_the_cpu_without_a_gpu(tmp_path):
+    out = run_example("gpu_train.py", "--fp16-allreduce", cwd=tmp_path)
+    assert re.search(r"ranks 2  device (cpu|cuda:\d)", out), out
+    assert final_accuracy(out) >= 0.9, out
+
+
+def test_synthetic_benchmark_two_ranks(tmp_path):
+    out = run_example("synthetic_benchmark.py", "--model", "mlp", "--batch-size", "8", "--num-warmup-batches", "1",
+                      "--num-batches-per-iter", "2", "--num-iters", "2", "--threads", "1", cwd=tmp_path)
+    assert float(re.search(r"total_img_s=([0-9.]+)", out).group(1)) > 0, out
+
+
+@pytest.mark.parametrize("script", ["tf_train.py", "keras_train.py"])
+def test_tensorflow_examples(script, tmp_path):
+    pytest.importorskip("tensorflow", reason="TensorFlow is not installed (the tensorflow extra)")
+    out = run_example(script, "--epochs", "8", cwd=tmp_path)
+    assert final_accuracy(out) >= 0.8, out              # 20 epochs reach ~0.95; 8 are past 0.85
+
+
+def test_every_example_is_run_by_a_test():
+    this_file = open(__file__).read()
+    for path in sorted(glob.glob(os.path.join(EXAMPLES, "*.py"))):
+        name = os.path.basename(path)
+        if name in HELPER_MODULES:
+            continue
+        if name in COVERED_ELSEWHERE:
+            assert name in open(os.path.join(REPO, COVERED_ELSEWHERE[name])).read(), name
+            continue
+        assert f'"{name}"' in this_file, f"examples/{name} has no test that runs it"
