@@ -5,6 +5,7 @@ their own. The wheel still has to carry it: build_py copies csrc/*.cu into ringt
 first. An editable install (`pip install -e .`) needs no copy: kernels.py falls back to the source tree's csrc/.
 """
 import pathlib
+import re
 import shutil
 
 from setuptools import find_packages, setup
@@ -39,14 +40,22 @@ class build_py_with_kernel_sources(build_py):
 
 
 readme = HERE / "README.md"
+# The version is written once, in ringtrain/__init__.py; read it as text so that building needs no dependency.
+version = re.search(r'^__version__ = "([^"]+)"', (HERE / "ringtrain" / "__init__.py").read_text(encoding="utf-8"),
+                    re.MULTILINE).group(1)
 
 setup(
     name="ringtrain",
-    version="0.1.0",
+    version=version,
     description="Horovod-style data-parallel training with its own ring allreduce over MPI, shared memory, NCCL "
                 "and CUDA IPC",
     long_description=readme.read_text(encoding="utf-8") if readme.exists() else "",
     long_description_content_type="text/markdown",
+    author="ringtrain maintainers",
+    license="Apache-2.0",
+    license_files=["LICENSE"],
+    keywords=["distributed training", "data parallel", "allreduce", "ring allreduce", "horovod", "mpi", "nccl",
+              "pytorch", "tensorflow", "keras"],
     python_requires=">=3.9",
     packages=find_packages(include=["ringtrain", "ringtrain.*"]),
     cmdclass={"build_py": build_py_with_kernel_sources},
@@ -63,19 +72,27 @@ setup(
         "cuda13": ["cupy-cuda13x", "nvidia-nccl-cu13"],
         "test": ["pytest", "pytest-mpi", "pytest-timeout", "hypothesis", "scikit-learn"],
         "bench": ["matplotlib", "tqdm"],
-        # ringtrain.tensorflow / ringtrain.keras (issue 12) -- one line each, so their owners never touch the same line
+        # ringtrain.tensorflow / ringtrain.keras
         "tensorflow": ["tensorflow-cpu>=2.21", "keras>=3.15"],   # GPU machines: see README
-        # ringtrain.spark (issue 13)
+        # ringtrain.spark
         "spark": ["pyspark>=3.5", "cloudpickle"],   # barrier-mode tasks place the ranks; Java 17+ runtime needed
-        # ringtrain.ray (issue 13)
+        # ringtrain.ray
         "ray": ["ray>=2.9", "cloudpickle"],
-        # ringtrain.jax (issue 23): its host-call lowering uses jax._src APIs, so the JAX minor version is pinned
+        # ringtrain.jax: its host-call lowering uses jax._src APIs, so the JAX minor version is pinned
         "jax": ["jax>=0.10,<0.11", "optax>=0.2"],
+        # the documentation site: `mkdocs build --strict` (tests/test_docs.py runs it)
+        "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"],
     },
     entry_points={"console_scripts": ["ringtrain-run = ringtrain.run:main"]},
     classifiers=[
-        "Programming Language :: Python :: 3",
+        "Development Status :: 3 - Alpha",
+        "Intended Audience :: Developers",
+        "Intended Audience :: Science/Research",
+        "License :: OSI Approved :: Apache Software License",
         "Operating System :: POSIX :: Linux",
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3 :: Only",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "Topic :: System :: Distributed Computing",
     ],
 )
