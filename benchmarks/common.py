@@ -9,7 +9,7 @@ import platform
 import subprocess
 import time
 
-# The record keys issue 6 fixes for allreduce results; every record carries at least these.
+# The record keys of allreduce results; every record carries at least these.
 ALLREDUCE_KEYS = ("impl", "ranks", "bytes", "dtype", "op", "time_us", "algbw_gbps", "busbw_gbps", "wrong")
 
 
@@ -201,8 +201,15 @@ def headline(runs, baseline="MPI_Allreduce", dtype="float32", sizes=HEADLINE_SIZ
                                              f"(ratio to {baseline} in the same run)")
 
 
+USAGE = """usage: python benchmarks/common.py headline RUN1.json [RUN2.json ...]
+       python benchmarks/common.py plot RUN.json OUT.png IMPL[,IMPL...] TITLE"""
+
 if __name__ == "__main__":
     import sys
-    if len(sys.argv) < 3 or sys.argv[1] != "headline":
-        raise SystemExit("usage: python benchmarks/common.py headline RUN1.json [RUN2.json ...]")
-    print(headline([read_json(path) for path in sys.argv[2:]]))
+    if len(sys.argv) >= 3 and sys.argv[1] == "headline":
+        print(headline([read_json(path) for path in sys.argv[2:]]))
+    elif len(sys.argv) == 6 and sys.argv[1] == "plot":     # a figure for the docs from a committed run
+        wanted = sys.argv[4].split(",")
+        plot_busbw([r for r in read_json(sys.argv[2]) if r["impl"] in wanted], sys.argv[3], sys.argv[5])
+    else:
+        raise SystemExit(USAGE)

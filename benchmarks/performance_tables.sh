@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Issue 10's benchmark tables in one go, every file named with LABEL and stamped with the git commit measured:
-#   allreduce_LABEL_rep{1..RUNS}.{json,txt}  float32, 4 KB..64 MB, public API (numpy and torch), raw transports,
-#                                           MPI_Allreduce, gloo, Horovod (where installed), RUNS separate jobs
-#   allreduce_LABEL_headline.txt            median over those runs of busbw and of each run's ratio to MPI_Allreduce
-#   allreduce_LABEL_4ranks.{json,txt}       one run on 4 ranks (oversubscribed on a 2-core machine)
-#   train_scaling_LABEL.{json,txt,png}      1 and 2 ranks, convnet + mlp, median of ROUNDS interleaved rounds
+# The CPU tables of docs/performance.md in one go, every file stamped with the git commit measured:
+#   allreduce_cpu_2ranks_run{1..RUNS}.{json,txt}  float32, 4 KB..64 MB, public API (numpy and torch), raw transports,
+#                                                MPI_Allreduce, gloo, Horovod (where installed), RUNS separate jobs
+#   allreduce_cpu_2ranks_median.txt              median over those jobs of busbw and of each job's ratio to MPI_Allreduce
+#   allreduce_cpu_4ranks.{json,txt}              one job on 4 ranks (oversubscribed on a 2-core machine)
+#   train_scaling_cpu_2ranks.{json,txt,png}      1 and 2 ranks, convnet + mlp, median of ROUNDS interleaved rounds
 #
-#     PYTHONPATH=$PWD benchmarks/issue10_tables.sh LABEL [RUNS] [ROUNDS]
+#     PYTHONPATH=$PWD benchmarks/performance_tables.sh [RUNS (3)] [ROUNDS (5)]
 #
 # Uses `python` and `mpiexec` from PATH: activate the venv that benchmarks/build_horovod_peer.sh built to get the
 # Horovod rows. OUT_DIR (default benchmarks/results of this checkout) is where the files go; SMOKE=1 runs both
@@ -14,13 +14,8 @@
 # recorded in the text files because load moves these numbers.
 set -euo pipefail
 
-if [ $# -lt 1 ]; then
-    echo "usage: $0 LABEL [RUNS (3)] [ROUNDS (5)]" >&2
-    exit 2
-fi
-label="$1"
-runs="${2:-3}"
-rounds="${3:-5}"
+runs="${1:-3}"
+rounds="${2:-5}"
 cd "$(dirname "$0")/.."
 out="${OUT_DIR:-benchmarks/results}"
 mkdir -p "$out"
@@ -32,15 +27,15 @@ stamp() { echo "# commit $(git rev-parse HEAD), $(date -u '+%Y-%m-%d %H:%M UTC')
 
 for i in $(seq "$runs"); do
     { stamp; mpiexec -n 2 python benchmarks/allreduce.py "${sizes[@]}" --impls "$impls" \
-        --json "$out/allreduce_${label}_rep$i.json"; } | tee "$out/allreduce_${label}_rep$i.txt"
+        --json "$out/allreduce_cpu_2ranks_run$i.json"; } | tee "$out/allreduce_cpu_2ranks_run$i.txt"
 done
-{ stamp; python benchmarks/common.py headline "$out"/allreduce_"${label}"_rep*.json; } \
-    | tee "$out/allreduce_${label}_headline.txt"
+{ stamp; python benchmarks/common.py headline "$out"/allreduce_cpu_2ranks_run*.json; } \
+    | tee "$out/allreduce_cpu_2ranks_median.txt"
 
 { stamp; mpiexec -n 4 python benchmarks/allreduce.py "${sizes[@]}" \
     --impls ringtrain-shm,ringtrain-torch-shm,ringtrain-shm-shared,ringtrain-shm-raw,MPI_Allreduce \
-    --json "$out/allreduce_${label}_4ranks.json"; } | tee "$out/allreduce_${label}_4ranks.txt"
+    --json "$out/allreduce_cpu_4ranks.json"; } | tee "$out/allreduce_cpu_4ranks.txt"
 
 { stamp; python benchmarks/train_scaling.py "${quick[@]}" --max-ranks 2 --rounds "$rounds" \
-    --json "$out/train_scaling_${label}.json" --png "$out/train_scaling_${label}.png"; } \
-    | tee "$out/train_scaling_${label}.txt"
+    --json "$out/train_scaling_cpu_2ranks.json" --png "$out/train_scaling_cpu_2ranks.png"; } \
+    | tee "$out/train_scaling_cpu_2ranks.txt"

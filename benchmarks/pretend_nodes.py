@@ -110,7 +110,7 @@ def raw_cases(op, count, rank, size):
 
 
 def two_level_broadcast(transport, buf):
-    """The two-level broadcast from rank 0 that issue 13 proposed, measured here and not used by the transport:
+    """A two-level broadcast from rank 0, measured here and not used by the transport:
     rank 0 sends to local rank 0 of every other node over MPI (that pair is the hierarchy's block-0 ring), then
     every node broadcasts inside. On the flat ring it is the flat broadcast."""
     if not hasattr(transport, "intra"):

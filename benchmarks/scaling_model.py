@@ -1,6 +1,6 @@
 """An alpha-beta model of allreduce, fitted from our measurements, projecting training efficiency to 1,024 ranks.
 
-    python benchmarks/scaling_model.py --allreduce-json benchmarks/results/allreduce.json \
+    python benchmarks/scaling_model.py --allreduce-json benchmarks/results/allreduce_cpu_full_sweep.json \
         --json out.json --png out.png
 
 1. Fit, per implementation in the allreduce JSON (float32 records), time = a + b * bytes by least squares on
@@ -67,7 +67,7 @@ PUBLISHED = [
     {"label": "PyTorch DDP, ResNet-50, 16 GPUs", "efficiency": 0.90, "ranks": 16, "per_node": 8,
      "params": 25.6e6, "compute_ms": 200, "network_gbit": 100, "network_latency_us": 5, "intra_gbps": 130,
      "source": "Li et al., PyTorch Distributed: Experiences on Accelerating Data Parallel Training, VLDB 2020 "
-               "(arXiv:2006.15704), ~90% at 16 GPUs as cited in issue 6 (V100 + NVLink servers, InfiniBand); "
+               "(arXiv:2006.15704), ~90% at 16 GPUs (V100 + NVLink servers, InfiniBand); "
                "figure not re-read from the paper here"},
 ]
 

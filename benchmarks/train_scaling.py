@@ -3,7 +3,7 @@
     python benchmarks/train_scaling.py --max-ranks 2 --json out.json --png out.png [--quick]
 
 The script launches itself under `mpiexec -n N` for N = 1..max-ranks (do not start it under mpiexec yourself).
-Two synthetic models, each on the same per-rank batch (issue 10 names both):
+Two synthetic models, each on the same per-rank batch:
   convnet  a VGG-like convnet on 32x32 RGB: ~6.7 M parameters in 10 tensors (few large gradients)
   mlp      100 blocks of Linear + LayerNorm: ~0.3 M parameters in 402 tensors (hundreds of small gradients, as
            real models have: ResNet-50 161 tensors, BERT ~400), so per-tensor costs dominate
@@ -458,7 +458,7 @@ def target_table(records):
     return common.format_table(
         ["model", "mode", "efficiency", "ceiling", "points_below_ceiling", "lockstep", "points_below_lockstep",
          "x_ddp_throughput"], rows,
-        title=f"{top} ranks against the targets (issue 10: <= 5 points below the ceiling, >= 1.3x DDP); lockstep = "
+        title=f"{top} ranks against the targets (<= 5 points below the ceiling, >= 1.3x DDP); lockstep = "
               f"the synchronous ceiling (a barrier per step, no gradients), for the part of the gap that is the "
               f"method's own")
 
