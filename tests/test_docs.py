@@ -1,0 +1,98 @@
+"""The documentation builds, and says what is true of the repository.
+
+- `mkdocs build --strict` passes: every page is in the navigation, every link and anchor resolves, and the API
+  reference renders from the docstrings.
+- Every error class the package defines has its section in docs/troubleshooting.md.
+- Every results file that README.md or a docs page names exists in benchmarks/results/.
+- README.md and the pages read as a manual: no issue numbers, session labels or "this pass".
+"""
+import glob
+import itertools
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(REPO, "benchmarks", "results")
+DOC_PAGES = sorted(set(glob.glob(os.path.join(REPO, "docs", "**", "*.md"), recursive=True))
+                   - set(glob.glob(os.path.join(REPO, "docs", "results", "*"))))
+USER_FACING = [os.path.join(REPO, "README.md"), os.path.join(REPO, "examples", "README.md"),
+               os.path.join(RESULTS, "README.md")] + DOC_PAGES
+
+
+def read(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def test_mkdocs_build_strict(tmp_path):
+    if not os.environ.get("CI"):
+        pytest.importorskip("mkdocs", reason="the docs extra is not installed")
+        pytest.importorskip("mkdocstrings", reason="the docs extra is not installed")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    reference = read(tmp_path / "site" / "reference" / "torch" / "index.html")
+    assert 'id="ringtrain.torch.DistributedOptimizer"' in reference      # mkdocstrings rendered the API
+
+
+def error_classes():
+    """Every `class SomethingError(...)` defined anywhere in the package's source."""
+    names = set()
+    for path in glob.glob(os.path.join(REPO, "ringtrain", "**", "*.py"), recursive=True):
+        names.update(re.findall(r"^class (\w+Error)\(", read(path), re.MULTILINE))
+    return sorted(names)
+
+
+def test_every_error_class_has_a_troubleshooting_section():
+    headings = set(re.findall(r"^## (\w+)$", read(os.path.join(REPO, "docs", "troubleshooting.md")), re.MULTILINE))
+    assert "TensorMismatchError" in error_classes()
+    missing = [name for name in error_classes() if name not in headings]
+    assert not missing, f"docs/troubleshooting.md has no '## <name>' section (cause and fix) for {missing}"
+
+
+def expand_braces(token):
+    """allreduce_run{1,2}.{json,txt} -> allreduce_run1.json, allreduce_run1.txt, ..."""
+    parts = re.split(r"\{([^}]*)\}", token)
+    choices = [[p] if i % 2 == 0 else p.split(",") for i, p in enumerate(parts)]
+    return ["".join(c) for c in itertools.product(*choices)]
+
+
+def cited_results_files(text):
+    """Results files a page names: `benchmarks/results/x.txt`, results/x.png, or a bare `x.json` in code quotes."""
+    tokens = re.findall(r"(?:benchmarks/)?results/([\w.{},-]+\.(?:txt|json|png))", text)
+    tokens += re.findall(r"`([\w{},-]+\.(?:txt|json|png))`", text)
+    return {name for token in tokens for name in expand_braces(token)}
+
+
+@pytest.mark.parametrize("page", USER_FACING, ids=lambda p: os.path.relpath(p, REPO))
+def test_every_cited_results_file_exists(page):
+    # names that pages use for files a command writes, not for committed results
+    written_by_commands = {"out.json", "out.png", "trace.json", "allreduce.json", "allreduce.png",
+                           "train_scaling.json", "train_scaling.png", "scaling_model.json", "scaling_model.png",
+                           "train_checkpoint.pt"}
+    missing = sorted(name for name in cited_results_files(read(page)) - written_by_commands
+                     if not os.path.exists(os.path.join(RESULTS, name)))
+    assert not missing, f"{os.path.relpath(page, REPO)} cites results files that do not exist: {missing}"
+
+
+DEVELOPMENT_HISTORY = re.compile(r"\bissues? #?\d+|\bthis pass\b|\b(?:first|second|third) pass\b|\bs\d{1,2}\b|"
+                                 r"\bsession\b", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("page", USER_FACING, ids=lambda p: os.path.relpath(p, REPO))
+def test_pages_read_as_a_manual(page):
+    hits = [line.strip() for line in read(page).splitlines() if DEVELOPMENT_HISTORY.search(line)]
+    assert not hits, f"{os.path.relpath(page, REPO)} reads as development history: {hits}"
+
+
+def test_readme_is_short_and_its_install_command_is_what_ci_runs():
+    readme = read(os.path.join(REPO, "README.md"))
+    assert len(readme.splitlines()) <= 260
+    ci_install = re.search(r'^pip install -e "(\.\[[^\]]*\])"$', read(os.path.join(REPO, ".ci", "run")), re.MULTILINE)
+    assert ci_install, ".ci/run has no `pip install -e \".[...]\"` line"
+    assert f'pip install -e "{ci_install.group(1)}"' in readme
