@@ -31,6 +31,7 @@ from .allreduce import allreduce, grouped_allreduce  # noqa: F401
 from .alltoall import alltoall  # noqa: F401
 from .broadcast import broadcast, broadcast_variables  # noqa: F401
 from .compression import Compression  # noqa: F401
+from .optimizer import DistributedOptimizer  # noqa: F401
 from .reducescatter import grouped_reducescatter, reducescatter  # noqa: F401
 
 

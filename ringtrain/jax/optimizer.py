@@ -1,0 +1,112 @@
+"""DistributedOptimizer: an optax GradientTransformation that averages the gradients over the ranks, in buckets,
+before the inner transformation sees them.
+
+    tx = hvd.DistributedOptimizer(optax.adam(1e-3 * hvd.size()))
+    opt_state = tx.init(params)
+    updates, opt_state = tx.update(grads, opt_state, params)     # inside jax.jit: one host call for all buckets
+
+The buckets, their scaling (Horovod's op / gradient_predivide_factor rule), compression, submission and completion
+are ringtrain.reducer's, the object every binding shares. This module only adapts pytrees to it: the gradient
+pytree's leaves are the reducer's members (in leaf order), and one ordered host call (host_call.py) hands all of
+them to the reducer, which packs each bucket into its own persistent flat buffer and allreduces it. In jit every
+gradient is final at once, so there is no overlap with backward to win: buckets are planned by size
+(Layout.BY_SIZE), and a single bucket takes the engine's one-cycle express path.
+"""
+import jax
+import numpy as np
+import optax
+
+from ringtrain.ops import Average
+from ringtrain.process_sets import global_process_set
+from ringtrain.reducer import Member, Reducer, Scaling, instance_prefix
+
+from .host_call import collective_primitive
+
+
+class PytreeReducer:
+    """One ringtrain.reducer.Reducer for one gradient pytree layout (structure, shapes, dtypes): the binding state
+    of a DistributedOptimizer, beside it rather than on the user's transformation."""
+
+    def __init__(self, paths, avals, *, scaling, compression, process_set, bucket_bytes):
+        members = [Member(i, path, int(np.prod(a.shape, dtype=np.int64)) * np.dtype(a.dtype).itemsize,
+                          kind=(np.dtype(a.dtype), "cpu"))
+                   for i, (path, a) in enumerate(zip(paths, avals))]
+        self.reducer = Reducer(members, prefix=instance_prefix("DistributedOptimizer", process_set),
+                               scaling=scaling, compression=compression, process_set=process_set,
+                               bucket_bytes=bucket_bytes, first_bucket_bytes=bucket_bytes, overlap=False)
+        self.shapes = [tuple(a.shape) for a in avals]
+
+    def reduce(self, *gradients):
+        """Host side: every leaf arrives, each completed bucket is submitted, then all are waited for."""
+        reducer, results = self.reducer, [None] * len(gradients)
+        sync = len(reducer.buckets) == 1
+        for i in range(len(gradients)):
+            bucket = reducer.arrived(i)
+            if bucket is not None:
+                self._submit(bucket, gradients, results, sync)
+        try:
+            reducer.wait()
+        finally:
+            reducer.reset_step()
+        return results
+
+    def _submit(self, bucket, gradients, results, sync):
+        keys = bucket.keys
+        if bucket.buffer is None:
+            bucket.buffer = np.empty(sum(gradients[k].size for k in keys), gradients[keys[0]].dtype)
+            bounds = np.cumsum([0] + [gradients[k].size for k in keys])
+            bucket.views = [bucket.buffer[a:b].reshape(self.shapes[k]) for k, a, b in zip(keys, bounds, bounds[1:])]
+        for k, view in zip(keys, bucket.views):
+            view[...] = gradients[k]          # packing is the one copy: the inputs are XLA's read-only buffers
+            results[k] = view
+        self.reducer.submit(bucket, [bucket.buffer], sync=sync)
+
+
+def _reduce(*gradients, spec):
+    return spec.reduce(*gradients)
+
+
+def _same_avals(*avals, spec):
+    return [jax.core.ShapedArray(a.shape, a.dtype) for a in avals]
+
+
+reduce_gradients_p = collective_primitive("ringtrain_reduce_gradients", _reduce, _same_avals)
+
+
+class DistributedGradientTransformation(optax.GradientTransformation):
+    """optax's (init, update) pair; `reducers` is the binding state (one PytreeReducer per gradient layout)."""
+
+
+def DistributedOptimizer(optimizer, op=Average, gradient_predivide_factor=1.0, compression=None,
+                         bucket_bytes=64 << 20, process_set=global_process_set):
+    """Wrap an optax GradientTransformation: update() averages the gradients over the set's ranks (op=Sum sums
+    them), in buckets of up to `bucket_bytes`, then runs `optimizer.update`. `compression` (Compression.fp16 /
+    bf16) casts floating gradients for the wire. Scale the learning rate by size() (the linear-scaling rule)."""
+    scaling = Scaling.for_gradients(op, gradient_predivide_factor)
+    reducers = {}
+
+    def reducer_for(leaves, paths):
+        key = tuple((tuple(x.shape), np.dtype(x.dtype)) for x in leaves), tuple(paths)
+        if key not in reducers:
+            reducers[key] = PytreeReducer(paths, leaves, scaling=scaling, compression=compression,
+                                          process_set=process_set, bucket_bytes=bucket_bytes)
+        return reducers[key]
+
+    def average(updates):
+        path_leaves, tree = jax.tree_util.tree_flatten_with_path(updates)
+        if not path_leaves:
+            return updates
+        paths = [jax.tree_util.keystr(p) for p, _ in path_leaves]
+        compressed = [compression.compress(x) if compression is not None else (x, None) for _, x in path_leaves]
+        wires = [jax.numpy.asarray(w) for w, _ in compressed]
+        reduced = reduce_gradients_p.bind(*wires, spec=reducer_for(wires, paths))
+        if compression is not None:
+            reduced = [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, compressed)]
+        return jax.tree_util.tree_unflatten(tree, list(reduced))
+
+    def update(updates, state, params=None, **extra_args):
+        return optimizer.update(average(updates), state, params, **extra_args)
+
+    transformation = DistributedGradientTransformation(optimizer.init, update)
+    transformation.reducers = reducers
+    return transformation
