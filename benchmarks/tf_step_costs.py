@@ -171,8 +171,7 @@ def run_fit(rt, rounds, only=None):
         host_fn = staticmethod(lockstep)
 
     def copying_path(optimizer):
-        optimizer._rt_allreduce = lambda grads, variables: gradients.allreduce_gradients(
-            grads, optimizer._rt_prefix, results_in_shared_buffers=False, **optimizer._rt_options)
+        optimizer._ringtrain.reducer.results_in_shared_buffers = False
         return optimizer
 
     def distributed():

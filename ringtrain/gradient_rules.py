@@ -92,6 +92,9 @@ def backward(kind, grads, primitives, *, process_set, op=Average, prescale_facto
     op = as_op(op)
     rule.check(kind, op)
     grads = list(grads)
+    # a binding may name each tensor's backward collectives (TensorFlow's host calls); list calls get the list
+    names = list(name) if isinstance(name, (list, tuple)) else [name] * len(grads)
+    name = names if isinstance(name, (list, tuple)) else name
     if rule.runs is Backward.ALLREDUCE:
         if rule.op is None:
             out = primitives.allreduce(grads, op, prescale_factor, postscale_factor, process_set, name)
@@ -100,14 +103,14 @@ def backward(kind, grads, primitives, *, process_set, op=Average, prescale_facto
     elif rule.runs is Backward.ALLGATHER:
         out = primitives.allgather(grads, process_set, name)
     else:
-        out = [primitives.alltoall(grad, splits, process_set, name) for grad in grads]
+        out = [primitives.alltoall(grad, splits, process_set, n) for grad, n in zip(grads, names)]
     if rule.factor is not None:
         set_size = process_set.size() if process_set is not None else _core.size()
         factor = rule.factor(op, set_size, prescale_factor, postscale_factor)
         if factor != 1:
             out = [primitives.scale(g, factor) for g in out]
     if rule.keep is Keep.MY_ROWS:
-        out = [primitives.rows_of_rank(g, r, process_set, name) for g, r in zip(out, rows)]
+        out = [primitives.rows_of_rank(g, r, process_set, n) for g, r, n in zip(out, rows, names)]
     elif rule.keep is Keep.ROOT_ONLY and _core.rank() != root_rank:
         out = [primitives.zeros_like(g) for g in out]
     return out

@@ -17,6 +17,14 @@ def auto_name(kind, name):
         return f"{kind}.noname.{_counters[kind]}"
 
 
+def next_number(kind):
+    """1, 2, 3, ... per kind: a binding's own auto names (e.g. TensorFlow's eager "tf.allreduce.7") count here, so
+    they restart with the core's at init()."""
+    with _lock:
+        _counters[kind] += 1
+        return _counters[kind]
+
+
 def reset():
     with _lock:
         _counters.clear()

@@ -324,11 +324,16 @@ class Reducer:
     def decompress(self, tensor, ctx):
         return self.compression.decompress(tensor, ctx) if self.compression is not None else tensor
 
-    def submit(self, bucket, arrays, outs=None, sync=False, done=None):
+    def submit(self, bucket, arrays, outs=None, sync=False, done=None, prescaled=False):
         """Start (sync=False) or run on this thread (sync=True) the bucket's collective on `arrays` (numpy or cupy),
-        into `outs` (default: in place). done(result) runs when wait() reaches the bucket (at once when sync)."""
+        into `outs` (default: in place; a None entry: the core allocates it). done(result) runs when wait() reaches
+        the bucket (at once when sync). prescaled=True: the binding already multiplied the arrays by the prescale
+        factor while packing them, so the collective does not again."""
         arrays = list(arrays)
-        kwargs = dict(op=self.scaling.op, name=bucket.name, process_set=self.process_set, **self.scaling.kwargs())
+        scales = self.scaling.kwargs()
+        if prescaled:
+            scales.pop("prescale_factor", None)
+        kwargs = dict(op=self.scaling.op, name=bucket.name, process_set=self.process_set, **scales)
         if self.collective is Collective.REDUCESCATTER:
             if len(arrays) != 1:
                 raise ValueError(f"a reducescatter bucket travels as one flat array, got {len(arrays)}")

@@ -31,11 +31,16 @@ def test_xla_decision(tf):
 
 
 def test_bucket_layout_splits_by_size_and_dtype(tf):
-    from ringtrain.tensorflow.gradients import layout_buckets
+    from ringtrain.reducer import plan_buckets
+    from ringtrain.tensorflow.gradients import gradient_members
+
+    def layout(specs, cap):
+        wires = [tf.zeros([nbytes // dtype.size], dtype) for nbytes, dtype in specs]
+        return [[m.key for m in bucket] for bucket in plan_buckets(gradient_members(wires), cap, cap)]
     f32, f64 = tf.float32, tf.float64
-    assert layout_buckets([(4, f32), (4, f32), (4, f32)], 8) == [[0, 1], [2]]
-    assert layout_buckets([(4, f32), (4, f64), (4, f64)], 100) == [[0], [1, 2]]
-    assert layout_buckets([(50, f32), (1, f32)], 8) == [[0], [1]]      # an oversized tensor gets its own bucket
+    assert layout([(4, f32), (4, f32), (4, f32)], 8) == [[0, 1], [2]]
+    assert layout([(8, f32), (8, f64), (8, f64)], 100) == [[0], [1, 2]]
+    assert layout([(48, f32), (4, f32)], 8) == [[0], [1]]      # an oversized tensor gets its own bucket
 
 
 def test_compression_round_trip(tf):

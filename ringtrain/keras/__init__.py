@@ -15,8 +15,11 @@ from ringtrain.tensorflow import (  # noqa: F401
     Average, Compression, DistributedGradientTape, Max, Min, ProcessSet, Product, RankFailureError, ReduceOp,
     RingtrainError, StallError, Sum, TensorMismatchError, UnsupportedDtypeError,
     add_process_set, allgather, allgather_object, allreduce, alltoall, barrier, broadcast, broadcast_,
-    broadcast_object, broadcast_variables, cross_rank, cross_size, global_process_set, grouped_allreduce, init,
-    is_initialized, join, local_rank, local_size, rank, reducescatter, remove_process_set, shutdown, size,
+    broadcast_global_variables, broadcast_object, broadcast_variables, ccl_built, cross_rank, cross_size, cuda_built,
+    ddl_built, global_process_set, gloo_built, gloo_enabled, grouped_allgather, grouped_allreduce, init,
+    is_initialized, join, local_rank, local_rank_op, local_size, local_size_op, mpi_built, mpi_enabled,
+    mpi_threads_supported, nccl_built, rank, rank_op, reducescatter, remove_process_set, rocm_built, shutdown, size,
+    size_op,
 )
 
 from . import callbacks  # noqa: F401

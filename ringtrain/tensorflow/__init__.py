@@ -23,7 +23,10 @@ from .compression import Compression  # noqa: F401
 from .functions import (  # noqa: F401
     Average, Max, Min, Product, ProcessSet, ReduceOp, Sum,
     add_process_set, allgather, allgather_object, allreduce, alltoall, barrier, broadcast, broadcast_,
-    broadcast_object, broadcast_variables, cross_rank, cross_size, global_process_set, grouped_allreduce, init,
-    is_initialized, join, local_rank, local_size, rank, reducescatter, remove_process_set, shutdown, size,
+    broadcast_global_variables, broadcast_object, broadcast_variables, ccl_built, cross_rank, cross_size, cuda_built,
+    ddl_built, global_process_set, gloo_built, gloo_enabled, grouped_allgather, grouped_allreduce, init,
+    is_initialized, join, local_rank, local_rank_op, local_size, local_size_op, mpi_built, mpi_enabled,
+    mpi_threads_supported, nccl_built, rank, rank_op, reducescatter, remove_process_set, rocm_built, shutdown, size,
+    size_op,
 )
 from .gradient_tape import DistributedGradientTape  # noqa: F401

@@ -7,10 +7,11 @@ dependencies run the collectives in program order, which keeps every rank's sequ
 blocks its thread until the collective is done, so two ranks must not run two of them in different orders).
 No C++ op is built. Under XLA (jit_compile=True) host callbacks cannot run: see ringtrain.keras.xla.
 
-Gradients (tf.custom_gradient) follow Horovod's rules, with the loss understood as each rank's own loss:
-allreduce -> allreduce of the gradient with the same op and scales (Average or Sum); allgather -> this rank's rows of
-the gradient averaged over ranks; broadcast -> the averaged gradient on the root, zeros elsewhere; alltoall -> the
-reverse alltoall; reducescatter -> allgather of the gradient (divided by size() for Average).
+Gradients (tf.custom_gradient) are ringtrain.gradient_rules' table, Horovod's rules shared with ringtrain.torch, with
+the loss understood as each rank's own loss: allreduce -> allreduce of the gradient with the same op and scales;
+allgather -> this rank's rows of the gradient averaged over ranks; broadcast -> the averaged gradient on the root,
+zeros elsewhere; alltoall -> the reverse alltoall; reducescatter -> allgather of the gradient (times the set's size
+for op=Sum).
 
 Auto names (name=None) must be the same on every rank: eagerly they count calls ("tf.allreduce.7", per process set:
 "tf.allreduce.set2.3"); in a graph they come from the input tensor's graph name ("tf.allreduce.dense/MatMul:0"),
@@ -26,13 +27,15 @@ the gradients' rules use the set's size and rank.
 """
 import collections
 import re
-import threading
 import weakref
 
 import numpy as np
 import tensorflow as tf
 
 import ringtrain as _core
+from ringtrain import gradient_rules, names
+from ringtrain.build_info import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled,  # noqa: F401
+                                  mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rocm_built)
 # lifecycle, topology, control and object collectives need no tensors: the core's own functions, re-exported under
 # Horovod's names (broadcast_object / allgather_object use pickle: trusted peers only)
 from ringtrain import (allgather_object, barrier, broadcast_object, cross_rank, cross_size, init,  # noqa: F401
@@ -40,15 +43,13 @@ from ringtrain import (allgather_object, barrier, broadcast_object, cross_rank, 
 from ringtrain.ops import Average, Max, Min, Product, ReduceOp, Sum, as_op  # noqa: F401  (re-exported)
 from ringtrain.ops import resolve_op
 from ringtrain.process_sets import (ProcessSet, add_process_set, global_process_set,  # noqa: F401  (re-exported)
-                                    remove_process_set, route)
+                                    process_sets, remove_process_set, route)
 
 from . import arrays, xla
 from .compression import Compression
 
 # ---------------------------------------------------------------- names and host calls
 
-_eager_counts = collections.Counter()
-_count_lock = threading.Lock()
 _graph_counts = weakref.WeakKeyDictionary()   # graph -> names used in it (a name twice in one graph gets .2, .3)
 
 
@@ -64,10 +65,8 @@ def _auto_name(kind, name, tensor, process_set=global_process_set):
         return name
     if process_set.process_set_id:
         kind = f"{kind}.set{process_set.process_set_id}"   # eager counts per set: members agree on them
-    if tf.executing_eagerly():
-        with _count_lock:
-            _eager_counts[kind] += 1
-            return f"tf.{kind}.{_eager_counts[kind]}"
+    if tf.executing_eagerly():     # counted with the core's auto names: init() restarts both
+        return f"tf.{kind}.{names.next_number('tf.' + kind)}"
     base = f"tf.{kind}.{tensor.name}"
     counts = _graph_counts.setdefault(tensor.graph, collections.Counter())
     counts[base] += 1
@@ -99,7 +98,7 @@ def _rows_unknown(shape):
     return tf.TensorShape([None]).concatenate(shape[1:])
 
 
-def _as_numpy(array):
+def as_host_array(array):
     """Host callbacks get numpy arrays (tf.numpy_function passes 0-d tensors as numpy scalars); make sure they are
     C-contiguous arrays, as the core requires. Not np.ascontiguousarray: it turns 0-d arrays into 1-d ones."""
     if isinstance(array, np.generic):
@@ -109,7 +108,7 @@ def _as_numpy(array):
     return array
 
 
-def _output_like(array):
+def output_like(array):
     """A 64-byte-aligned numpy result buffer (TF can then take it without a copy); cupy: let the core allocate."""
     return arrays.aligned_empty(array.shape, array.dtype) if isinstance(array, np.ndarray) else None
 
@@ -118,14 +117,47 @@ def _zeros_for_none(grads, like):
     return [tf.zeros_like(x) if g is None else g for g, x in zip(grads, like)]
 
 
+class _TFPrimitives(gradient_rules.Primitives):
+    """The backward collectives on tf tensors (host calls named after the forward's names + ".grad")."""
+
+    def allreduce(self, grads, op, prescale_factor, postscale_factor, process_set, name):
+        return _allreduce_raw(grads, [n + ".grad" for n in name], op, prescale_factor, postscale_factor, process_set)
+
+    def allgather(self, grads, process_set, name):
+        return [_allgather_raw(g, n + ".grad", process_set) for g, n in zip(grads, name)]
+
+    def alltoall(self, grad, splits, process_set, name):
+        return _alltoall_raw(grad, splits, name + ".grad", process_set)[0]
+
+    def rows_of_rank(self, grad, rows, process_set, name):
+        every = _allgather_raw(rows, name + ".grad.rows", process_set)
+        me = process_set.rank()
+        offset = tf.reduce_sum(every[:me])
+        return grad[offset:offset + every[me]]
+
+    def zeros_like(self, grad):
+        return tf.zeros_like(grad)
+
+    def scale(self, grad, factor):
+        return grad * tf.cast(factor, grad.dtype)
+
+
+_PRIMITIVES = _TFPrimitives()
+
+
+def _backward(kind, grads, outputs, names, **forward):
+    """Horovod's gradient of `kind` (ringtrain.gradient_rules) for upstream `grads` (None: zeros like outputs)."""
+    return gradient_rules.backward(kind, _zeros_for_none(grads, outputs), _PRIMITIVES, name=names, **forward)
+
+
 # ---------------------------------------------------------------- allreduce
 
 
 def _allreduce_raw(tensors, names, op, prescale_factor, postscale_factor, process_set):
     """One host call reducing every tensor of the list (each its own named request; the engine fuses them)."""
     def run(*inputs):
-        handles = [_core.allreduce_async(_as_numpy(x), op=op, name=n, prescale_factor=prescale_factor,
-                                         postscale_factor=postscale_factor, out=_output_like(x),
+        handles = [_core.allreduce_async(as_host_array(x), op=op, name=n, prescale_factor=prescale_factor,
+                                         postscale_factor=postscale_factor, out=output_like(x),
                                          process_set=process_set)
                    for x, n in zip(inputs, names)]
         return [h.wait() for h in handles]
@@ -138,16 +170,15 @@ def _allreduce_differentiable(tensors, names, op, prescale_factor, postscale_fac
         ys = _allreduce_raw(list(xs), names, op, prescale_factor, postscale_factor, process_set)
 
         def grad(*dys):
-            if op not in (Average, Sum):
-                raise NotImplementedError(f"allreduce with op={op.name} has no gradient (only Average and Sum)")
-            return _allreduce_raw(_zeros_for_none(dys, ys), [n + ".grad" for n in names], op,
-                                  prescale_factor, postscale_factor, process_set)
+            return _backward("allreduce", dys, ys, names, op=op, prescale_factor=prescale_factor,
+                             postscale_factor=postscale_factor, process_set=process_set)
         return ys, grad
     return list(reduce(*tensors))
 
 
 def _allreduce_indexed_slices(slices, name, op, process_set):
-    """A sparse gradient: gather every rank's (values, indices) instead of densifying; Average divides by the size."""
+    """A sparse gradient: gather every rank's (values, indices) instead of densifying; Average divides by the size.
+    dense_shape may be None (tf.IndexedSlices(values, indices)), as in Horovod: it is kept as it is."""
     if op not in (Average, Sum):
         raise ValueError(f"allreduce of tf.IndexedSlices supports op=Average or Sum, got {op.name}")
     values = allgather(slices.values, name=name + ".values", process_set=process_set)
@@ -177,16 +208,24 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
 @_no_autograph
 def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", compression=Compression.none,
                       op=None, prescale_factor=1.0, postscale_factor=1.0, name=None, process_set=global_process_set):
-    """Allreduce a list of tensors as one group (one host call; the engine fuses them)."""
+    """Allreduce a list of tensors as one group (one host call; the engine fuses them). tf.IndexedSlices in the
+    list are gathered (values and indices), as allreduce does, dense_shape or not."""
     op = resolve_op(op, average)
-    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    tensors = [t if isinstance(t, tf.IndexedSlices) else tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         raise ValueError("grouped_allreduce needs at least one tensor")
-    base = _auto_name("grouped_allreduce", name, tensors[0], process_set)
-    compressed = [compression.compress(t) for t in tensors]
-    reduced = _allreduce_differentiable([w for w, _ in compressed], [f"{base}.{i}" for i in range(len(tensors))],
-                                        op, prescale_factor, postscale_factor, process_set)
-    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, compressed)]
+    first = tensors[0].values if isinstance(tensors[0], tf.IndexedSlices) else tensors[0]
+    base = _auto_name("grouped_allreduce", name, first, process_set)
+    out = [_allreduce_indexed_slices(t, f"{base}.{i}", op, process_set) if isinstance(t, tf.IndexedSlices) else None
+           for i, t in enumerate(tensors)]
+    dense = [i for i, t in enumerate(tensors) if out[i] is None]
+    if dense:
+        compressed = [compression.compress(tensors[i]) for i in dense]
+        reduced = _allreduce_differentiable([w for w, _ in compressed], [f"{base}.{i}" for i in dense],
+                                            op, prescale_factor, postscale_factor, process_set)
+        for i, r, (_, ctx) in zip(dense, reduced, compressed):
+            out[i] = compression.decompress(r, ctx)
+    return out
 
 
 # ---------------------------------------------------------------- allgather, broadcast, alltoall, reducescatter
@@ -194,7 +233,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
 
 def _allgather_raw(tensor, name, process_set):
     def run(x):
-        return [_core.allgather(_as_numpy(x), name=name, process_set=process_set)]
+        return [_core.allgather(as_host_array(x), name=name, process_set=process_set)]
     return host_call(run, [tensor], [(tensor.dtype, _rows_unknown(tensor.shape))], name)[0]
 
 
@@ -211,18 +250,25 @@ def allgather(tensor, name=None, process_set=global_process_set):
         y = _allgather_raw(x, name, process_set)
 
         def grad(dy):
-            averaged = _allreduce_raw([dy], [name + ".grad"], Average, 1.0, 1.0, process_set)[0]
-            rows = _allgather_raw(tf.shape(x, out_type=tf.int64)[:1], name + ".grad.rows", process_set)
-            me = process_set.rank()
-            offset = tf.reduce_sum(rows[:me])
-            return averaged[offset:offset + rows[me]]
+            return _backward("allgather", [dy], [y], [name], rows=[tf.shape(x, out_type=tf.int64)[:1]],
+                             process_set=process_set)[0]
         return y, grad
     return gather(tensor)
 
 
+@_no_autograph
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    """allgather of each tensor of a list (Horovod's grouped_allgather); differentiable. Returns a list."""
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    if not tensors:
+        raise ValueError("grouped_allgather needs at least one tensor")
+    base = _auto_name("grouped_allgather", name, tensors[0], process_set)
+    return [allgather(t, name=f"{base}.{i}", process_set=process_set) for i, t in enumerate(tensors)]
+
+
 def _broadcast_raw(tensors, names, root_rank, process_set):
     def run(*inputs):
-        handles = [_core.broadcast_async(_as_numpy(x), root_rank, name=n, out=_output_like(x),
+        handles = [_core.broadcast_async(as_host_array(x), root_rank, name=n, out=output_like(x),
                                          process_set=process_set)
                    for x, n in zip(inputs, names)]
         return [h.wait() for h in handles]
@@ -240,8 +286,7 @@ def broadcast(tensor, root_rank=0, name=None, process_set=global_process_set):
         y = _broadcast_raw([x], [name], root_rank, process_set)[0]
 
         def grad(dy):
-            averaged = _allreduce_raw([dy], [name + ".grad"], Average, 1.0, 1.0, process_set)[0]
-            return averaged if rank() == root_rank else tf.zeros_like(averaged)
+            return _backward("broadcast", [dy], [y], [name], root_rank=root_rank, process_set=process_set)[0]
         return y, grad
     return bcast(tensor)
 
@@ -274,9 +319,18 @@ def broadcast_variables(variables, root_rank=0, prefix="broadcast_variables", pr
     return None if tf.executing_eagerly() else tf.group(*assignments)
 
 
+def broadcast_global_variables(root_rank):
+    """Horovod's TF1 helper: broadcast every tf.compat.v1 global variable from root_rank, in a graph. Eagerly (TF2)
+    there are no global variables: it raises, naming broadcast_variables, as Horovod's does."""
+    if tf.executing_eagerly():
+        raise RuntimeError("hvd.broadcast_global_variables() does not support eager execution; use "
+                           "hvd.broadcast_variables(<model/optimizer variables>, root_rank) instead")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+
+
 def _alltoall_raw(tensor, splits, name, process_set):
     def run(x, *maybe_splits):
-        received, received_splits = _core.alltoall(_as_numpy(x), splits=maybe_splits[0] if maybe_splits else None,
+        received, received_splits = _core.alltoall(as_host_array(x), splits=maybe_splits[0] if maybe_splits else None,
                                                    name=name, process_set=process_set)
         return [received, np.asarray(received_splits, np.int32)]
     inputs = [tensor] if splits is None else [tensor, tf.cast(splits, tf.int32)]
@@ -297,9 +351,8 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
         received, received_splits = _alltoall_raw(x, splits, name, process_set)
 
         def grad(d_received, _d_splits):
-            if d_received is None:
-                d_received = tf.zeros_like(received)
-            return _alltoall_raw(d_received, received_splits, name + ".grad", process_set)[0]
+            return _backward("alltoall", [d_received], [received], [name], splits=received_splits,
+                             process_set=process_set)[0]
         return (received, received_splits), grad
     return exchange(tensor)
 
@@ -311,7 +364,7 @@ def _reducescatter_rows(rows, rank_, size_):
 
 def _reducescatter_raw(tensor, op, name, process_set):
     def run(x):
-        return [_core.reducescatter(_as_numpy(x), op=op, name=name, process_set=process_set)]
+        return [_core.reducescatter(as_host_array(x), op=op, name=name, process_set=process_set)]
     shape = tensor.shape
     if shape.rank and shape[0] is not None:
         rows = _reducescatter_rows(shape[0], process_set.rank(), process_set.size())
@@ -335,9 +388,36 @@ def reducescatter(tensor, op=Average, name=None, process_set=global_process_set)
         y = _reducescatter_raw(x, op, name, process_set)
 
         def grad(dy):
-            if op not in (Average, Sum):
-                raise NotImplementedError(f"reducescatter with op={op.name} has no gradient (only Average and Sum)")
-            gathered = _allgather_raw(dy, name + ".grad", process_set)
-            return gathered / tf.cast(process_set.size(), gathered.dtype) if op == Average else gathered
+            return _backward("reducescatter", [dy], [y], [name], op=op, process_set=process_set)[0]
         return y, grad
     return scatter(tensor)
+
+
+# ---------------------------------------------------------------- topology as tensors (Horovod's *_op)
+
+
+def _process_set(process_set_id):
+    for candidate in process_sets():
+        if candidate.process_set_id == process_set_id:
+            return candidate
+    raise ValueError(f"no process set with id {process_set_id} is registered on this rank")
+
+
+def size_op(process_set_id=0, name=None):
+    """The number of ranks (of process set `process_set_id`) as an int32 scalar tensor."""
+    return tf.constant(_process_set(process_set_id).size(), dtype=tf.int32, name=name)
+
+
+def rank_op(name=None):
+    """This process's world rank as an int32 scalar tensor."""
+    return tf.constant(rank(), dtype=tf.int32, name=name)
+
+
+def local_size_op(name=None):
+    """The number of ranks on this node as an int32 scalar tensor."""
+    return tf.constant(local_size(), dtype=tf.int32, name=name)
+
+
+def local_rank_op(name=None):
+    """This process's rank on its node as an int32 scalar tensor."""
+    return tf.constant(local_rank(), dtype=tf.int32, name=name)

@@ -11,18 +11,23 @@ import zlib
 
 import tensorflow as tf
 
+from ringtrain.reducer import Scaling
+from ringtrain.wrapping import adopt, wrapper_class
+
 from .compression import Compression
-from .functions import Average, as_op, global_process_set
-from .gradients import allreduce_gradients
+from .functions import Average, global_process_set
+from .gradients import GradientReducer
 
 
 class _DistributedGradientTapeMixin:
+    """Its one attribute on the user's tape is `_ringtrain`, the GradientReducer."""
+
     def gradient(self, target, sources, output_gradients=None,
                  unconnected_gradients=tf.UnconnectedGradients.NONE):
         grads = super().gradient(target, sources, output_gradients, unconnected_gradients)
         flat_sources = tf.nest.flatten(sources)
         flat_grads = tf.nest.flatten(grads)
-        reduced = allreduce_gradients(flat_grads, _bucket_prefix(flat_sources), **self._rt_options)
+        reduced = self._ringtrain(flat_grads, _bucket_prefix(flat_sources))
         return tf.nest.pack_sequence_as(grads, reduced)
 
 
@@ -32,9 +37,6 @@ def _bucket_prefix(sources):
     carry per-process counters."""
     spec = ";".join(f"{tuple(s.shape)}{tf.as_dtype(s.dtype).name}" for s in sources)
     return f"DistributedGradientTape.{len(sources)}.{zlib.crc32(spec.encode()):08x}"
-
-
-_wrapper_classes = {}
 
 
 def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=Compression.none,
@@ -47,18 +49,8 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
     after (keeps fp16 sums in range). process_set: average over that set's ranks only (each set's members wrap
     their own tape). device_dense / device_sparse: accepted for Horovod compatibility, ignored.
     """
-    op = as_op(op)
-    if gradient_predivide_factor != 1.0 and op != Average:
-        raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor} needs op=Average, got {op.name}")
-    base = gradtape.__class__
-    cls = _wrapper_classes.get(base)
-    if cls is None:
-        cls = _wrapper_classes[base] = type(base.__name__, (_DistributedGradientTapeMixin, base), {})
-    wrapped = cls.__new__(cls)
-    wrapped.__dict__.update(gradtape.__dict__)
-    scales = {}
-    if gradient_predivide_factor != 1.0:
-        scales = dict(prescale_factor=1.0 / gradient_predivide_factor, postscale_factor=gradient_predivide_factor)
-    wrapped._rt_options = dict(compression=compression, op=op, sparse_as_dense=sparse_as_dense,
-                               bucket_cap_mb=bucket_cap_mb, process_set=process_set, **scales)
+    reducer = GradientReducer(Scaling.for_gradients(op, gradient_predivide_factor), compression, sparse_as_dense,
+                              bucket_cap_mb, process_set)
+    wrapped = adopt(wrapper_class(_DistributedGradientTapeMixin, gradtape.__class__), gradtape)
+    wrapped._ringtrain = reducer
     return wrapped

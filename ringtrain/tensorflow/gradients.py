@@ -1,4 +1,5 @@
-"""Average a list of gradients over all ranks: what DistributedGradientTape and ringtrain.keras's optimizer share.
+"""Average a list of gradients over all ranks: what DistributedGradientTape and ringtrain.keras's optimizer share,
+through the framework-neutral ringtrain.reducer (bucket plan, names, scaling, submission and completion).
 
 Dense gradients travel in ONE host call per step (one tf.numpy_function node in a graph). It hands each bucket (up to
 bucket_bytes, one dtype) to the core as one grouped allreduce -- one engine request per bucket, as torch DDP's
@@ -15,30 +16,18 @@ On one rank there is nothing to exchange: no host call at all (scales still appl
 Sparse gradients (tf.IndexedSlices) are gathered, or densified with sparse_as_dense.
 None gradients stay None (as Horovod): a variable must be unconnected on every rank or on none.
 """
+import functools
+
 import numpy as np
 import tensorflow as tf
 
-import ringtrain as _core
+from ringtrain.reducer import Member, Reducer, Scaling
 
 from . import functions, shared_buckets
 from .compression import Compression
-from .functions import Average, global_process_set, route
+from .functions import Average, as_op, global_process_set, route
 
 _MB = 1 << 20
-
-
-def layout_buckets(nbytes_and_dtypes, bucket_bytes):
-    """Consecutive index buckets of at most bucket_bytes (a larger single tensor gets its own), one dtype each."""
-    buckets, current, current_bytes = [], [], 0
-    for index, (nbytes, dtype) in enumerate(nbytes_and_dtypes):
-        if current and (current_bytes + nbytes > bucket_bytes or dtype != nbytes_and_dtypes[current[0]][1]):
-            buckets.append(current)
-            current, current_bytes = [], 0
-        current.append(index)
-        current_bytes += nbytes
-    if current:
-        buckets.append(current)
-    return buckets
 
 
 def _nbytes(tensor):
@@ -46,64 +35,112 @@ def _nbytes(tensor):
     return (count if count is not None else 1) * tensor.dtype.size
 
 
-@tf.autograph.experimental.do_not_convert
+def gradient_members(wires):
+    """The reducer's view of a list of wire tensors: key = position, kind = dtype (all on the host call's side)."""
+    return [Member(i, f"gradient{i}", _nbytes(w), w.dtype) for i, w in enumerate(wires)]
+
+
+class GradientReducer:
+    """The TF side of the reducer for one DistributedGradientTape or keras DistributedOptimizer: it compresses,
+    plans (one Reducer per gradient structure, cached), and runs every bucket of a step in ONE host call.
+    results_in_shared_buffers: dense results are views of persistent buffers that the call after next overwrites --
+    only for a caller that consumes them at once (see shared_buckets.py)."""
+
+    def __init__(self, scaling=Scaling(), compression=Compression.none, sparse_as_dense=False, bucket_cap_mb=25,
+                 process_set=global_process_set, results_in_shared_buffers=False):
+        self.scaling = scaling
+        self.compression = compression
+        self.sparse_as_dense = bool(sparse_as_dense)
+        self.bucket_bytes = int(bucket_cap_mb * _MB)
+        self.process_set = process_set
+        self.results_in_shared_buffers = bool(results_in_shared_buffers)
+        self._reducers = {}     # (prefix, wire dtypes and shapes) -> Reducer
+
+    def reducer_for(self, prefix, wires):
+        key = (prefix, tuple((w.dtype, tuple(w.shape)) for w in wires))
+        reducer = self._reducers.get(key)
+        if reducer is None:
+            # reduced after backward, in one host call: ordered by size, not by when gradients became final
+            reducer = self._reducers[key] = Reducer(
+                gradient_members(wires), prefix=prefix, scaling=self.scaling, compression=self.compression,
+                process_set=self.process_set, bucket_bytes=self.bucket_bytes, first_bucket_bytes=self.bucket_bytes,
+                overlap=False)
+        return reducer
+
+    @tf.autograph.experimental.do_not_convert
+    def __call__(self, grads, prefix):
+        """grads: list of tf.Tensor | tf.IndexedSlices | None (same structure on every rank of the process set) ->
+        reduced list."""
+        route(self.process_set)   # a set this rank is not in: the core's error now, not inside the host call
+        out = list(grads)
+        dense = []
+        for i, grad in enumerate(grads):
+            if grad is None:
+                continue
+            if isinstance(grad, tf.IndexedSlices):
+                # without a dense_shape there is no dense form: gathered either way (as Horovod's allreduce)
+                if not self.sparse_as_dense or grad.dense_shape is None:
+                    out[i] = functions.allreduce(grad, op=self.scaling.op, name=f"{prefix}.sparse{i}",
+                                                 process_set=self.process_set)
+                    continue
+                grad = tf.convert_to_tensor(grad)
+            dense.append((i, self.compression.compress(grad)))
+        if not dense:
+            return out
+        wires = [wire for _, (wire, _) in dense]
+        reducer = self.reducer_for(prefix, wires)
+        if self.process_set.size() == 1:
+            factor = reducer.scaling.local_factor()
+            reduced = [w * tf.cast(factor, w.dtype) if factor != 1.0 else w for w in wires]
+        else:
+            run = functools.partial(_run_in_shared_buffers if self.results_in_shared_buffers else _run, reducer)
+            reduced = functions.host_call(run, wires, [(w.dtype, w.shape) for w in wires], prefix)
+        for (i, (_, ctx)), result in zip(dense, reduced):
+            out[i] = self.compression.decompress(result, ctx)
+        return out
+
+
 def allreduce_gradients(grads, prefix, compression=Compression.none, op=Average, sparse_as_dense=False,
                         prescale_factor=1.0, postscale_factor=1.0, bucket_cap_mb=25, process_set=global_process_set,
                         results_in_shared_buffers=False):
-    """grads: list of tf.Tensor | tf.IndexedSlices | None (same structure on every rank of `process_set`) -> reduced
-    list. results_in_shared_buffers: dense results are views of persistent buffers that the call after next
-    overwrites -- only for a caller that consumes them at once (see shared_buckets.py)."""
-    route(process_set)      # a set this rank is not in: the core's error now, not inside the host call
-    out = list(grads)
-    dense = []
-    for i, grad in enumerate(grads):
-        if grad is None:
-            continue
-        if isinstance(grad, tf.IndexedSlices):
-            if not sparse_as_dense:
-                out[i] = functions.allreduce(grad, op=op, name=f"{prefix}.sparse{i}", process_set=process_set)
-                continue
-            grad = tf.convert_to_tensor(grad)
-        dense.append((i, compression.compress(grad)))
-    if not dense:
-        return out
-    wires = [wire for _, (wire, _) in dense]
-    buckets = layout_buckets([(_nbytes(w), w.dtype) for w in wires], int(bucket_cap_mb * _MB))
-    scales = {}
-    if prescale_factor != 1.0 or postscale_factor != 1.0:
-        scales = dict(prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+    """One call of a GradientReducer with these options (any scale factors, not only a predivide's)."""
+    reducer = GradientReducer(Scaling(as_op(op), prescale_factor, postscale_factor), compression, sparse_as_dense,
+                              bucket_cap_mb, process_set, results_in_shared_buffers)
+    return reducer(grads, prefix)
 
-    if process_set.size() == 1:
-        reduced = [w * tf.cast(prescale_factor * postscale_factor, w.dtype) if scales else w for w in wires]
-    else:
-        def run_in_shared_buffers(*arrays):
-            host = [functions._as_numpy(a) for a in arrays]
-            if not all(isinstance(a, np.ndarray) for a in host):
-                return run(*arrays)                  # eager GPU tensors arrive as cupy arrays: the core's path
-            results = [None] * len(arrays)
-            for b, bucket in enumerate(buckets):     # one at a time: fused buckets would take the copying path
-                views = shared_buckets.allreduce_in_shared_buffer(
-                    [host[j] for j in bucket], f"{prefix}.bucket{b}", op, prescale_factor, postscale_factor,
-                    process_set)
-                for j, view in zip(bucket, views):
-                    results[j] = view
-            return results
 
-        def run(*arrays):
-            pending = []
-            for b, bucket in enumerate(buckets):
-                inputs = [functions._as_numpy(arrays[j]) for j in bucket]
-                pending.append((bucket, _core.grouped_allreduce_async(
-                    inputs, op=op, name=f"{prefix}.bucket{b}", outs=[functions._output_like(x) for x in inputs],
-                    process_set=process_set, **scales)))
-            results = [None] * len(arrays)
-            for bucket, handle in pending:
-                for j, result in zip(bucket, handle.wait()):
-                    results[j] = result
-            return results
+def _run(reducer, *arrays):
+    """The host call: every bucket submitted (one grouped allreduce each), then all waited for."""
+    results = [None] * len(arrays)
+    try:
+        for bucket in reducer.buckets:
+            inputs = [functions.as_host_array(arrays[j]) for j in bucket.keys]
+            outs = [functions.output_like(x) for x in inputs]
+            reducer.submit(bucket, inputs, outs=outs, done=functools.partial(_place, results, bucket.keys))
+        reducer.wait()
+    finally:
+        reducer.reset_step()
+    return results
 
-        reduced = functions.host_call(run_in_shared_buffers if results_in_shared_buffers else run, wires,
-                                      [(w.dtype, w.shape) for w in wires], prefix)
-    for (i, (_, ctx)), result in zip(dense, reduced):
-        out[i] = compression.decompress(result, ctx)
-    return out
+
+def _place(results, positions, reduced):
+    for j, result in zip(positions, reduced if isinstance(reduced, list) else [reduced]):
+        results[j] = result
+
+
+def _run_in_shared_buffers(reducer, *arrays):
+    host = [functions.as_host_array(a) for a in arrays]
+    if not all(isinstance(a, np.ndarray) for a in host):
+        return _run(reducer, *arrays)          # eager GPU tensors arrive as cupy arrays: the core's path
+    results = [None] * len(arrays)
+    scaling = reducer.scaling
+    try:
+        for bucket in reducer.buckets:         # one at a time: fused buckets would take the copying path
+            buffer, views = shared_buckets.stage([host[j] for j in bucket.keys], bucket.name,
+                                                 scaling.prescale_factor, reducer.process_set)
+            # the prescale was applied while copying in: one array, no prescale, is the core's copy-free path
+            reducer.submit(bucket, [buffer], sync=True, prescaled=True)
+            _place(results, bucket.keys, views)
+    finally:
+        reducer.reset_step()
+    return results

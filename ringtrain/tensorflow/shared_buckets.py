@@ -52,9 +52,10 @@ def _zeroed(count, dtype):
     return buffer
 
 
-def allreduce_in_shared_buffer(arrays, name, op, prescale_factor, postscale_factor, process_set):
-    """Average (op) the numpy `arrays` (one dtype) over the set's ranks; returns views of this bucket's next buffer,
-    valid until the call after next with the same name."""
+def stage(arrays, name, prescale_factor, process_set):
+    """Copy the numpy `arrays` (one dtype) into this bucket's next buffer, times prescale_factor; returns (buffer,
+    views of it shaped like the arrays). The caller allreduces the buffer in place; the views stay valid until the
+    call after next with the same name."""
     dtype = arrays[0].dtype
     shapes = tuple(a.shape for a in arrays)
     key = (name, process_set.process_set_id, dtype.str, shapes)
@@ -73,6 +74,4 @@ def allreduce_in_shared_buffer(arrays, name, op, prescale_factor, postscale_fact
         else:
             view[...] = array
         views.append(view)
-    # one array, no prescale: the core's copy-free path (a bucket the engine fused with another would be copied)
-    _core.allreduce(buffer, op=op, name=name, postscale_factor=postscale_factor, out=buffer, process_set=process_set)
-    return views
+    return buffer, views

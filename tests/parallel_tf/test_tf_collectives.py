@@ -281,8 +281,11 @@ def test_gradients_follow_the_documented_rules(mode):
     back = np.concatenate([upstream(k, length)[2 * r:2 * r + 2] for k in range(n)])
     np.testing.assert_allclose(g, back)
 
+    # Horovod: the allgathered gradient, times the set's size for Sum (with 2 ranks and ones: 2), as is for Average
     g = gradient(mode, lambda t: hvd.reducescatter(t, op=hvd.Average, name=f"g.rs.{mode}"), x)
-    np.testing.assert_allclose(g, np.concatenate([upstream(k, 2) for k in range(n)]) / n)
+    np.testing.assert_allclose(g, np.concatenate([upstream(k, 2) for k in range(n)]))
+    g = gradient(mode, lambda t: hvd.reducescatter(t, op=hvd.Sum, name=f"g.rss.{mode}"), x)
+    np.testing.assert_allclose(g, np.concatenate([upstream(k, 2) for k in range(n)]) * n)
 
 
 @pytest.mark.mpi(min_size=2)

@@ -45,8 +45,9 @@ def shard(array, steps=STEPS):
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-def reference_weights(make_optimizer, passes_per_step=1):
-    """One process, the whole global batch per step; with k passes per step, the sum of k batches' gradients."""
+def reference_weights(make_optimizer, passes_per_step=1, average_aggregated=False):
+    """One process, the whole global batch per step; with k passes per step, the sum of k batches' gradients (their
+    mean with average_aggregated)."""
     x, y = global_data()
     model = make_model()
     optimizer = make_optimizer()
@@ -59,6 +60,8 @@ def reference_weights(make_optimizer, passes_per_step=1):
                 loss = LOSS(y[s * global_batch:(s + 1) * global_batch], model(x[s * global_batch:(s + 1) * global_batch]))
             grads = tape.gradient(loss, model.trainable_variables)
             total = grads if total is None else [a + g for a, g in zip(total, grads)]
+        if average_aggregated:
+            total = [t / passes_per_step for t in total]
         optimizer.apply_gradients(zip(total, model.trainable_variables))
     return [w.numpy() for w in model.trainable_variables]
 
@@ -114,6 +117,57 @@ def test_keras_fit_adam_equals_one_process(mode, passes):
     assert int(model.optimizer.iterations.numpy()) == STEPS // passes      # applied updates only
     assert_same_everywhere_and_equal([w.numpy() for w in model.trainable_variables],
                                      reference_weights(adam, passes_per_step=passes))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("passes", [1, 2])
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+def test_keras_fit_sgd_equals_one_process(mode, passes):
+    x, y = global_data()
+    model = make_model()
+    model.compile(optimizer=hvd.DistributedOptimizer(sgd_momentum(), backward_passes_per_step=passes), loss=LOSS,
+                  run_eagerly=(mode == "eager"), jit_compile=False)
+    model.fit(shard(x), shard(y), batch_size=BATCH_PER_RANK, epochs=1, shuffle=False, verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == STEPS // passes
+    assert_same_everywhere_and_equal([w.numpy() for w in model.trainable_variables],
+                                     reference_weights(sgd_momentum, passes_per_step=passes))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("options", ["average_aggregated_gradients", "predivide", "both"])
+def test_keras_fit_average_aggregated_gradients_and_predivide_equal_one_process(options):
+    """average_aggregated_gradients=True applies the mean of the k accumulated gradients (not their sum);
+    gradient_predivide_factor=size divides before the sum and multiplies after: the same average."""
+    passes = 2 if options != "predivide" else 1
+    kwargs = {}
+    if options != "predivide":
+        kwargs["average_aggregated_gradients"] = True
+    if options != "average_aggregated_gradients":
+        kwargs["gradient_predivide_factor"] = float(hvd.size())
+    x, y = global_data()
+    model = make_model()
+    model.compile(optimizer=hvd.DistributedOptimizer(sgd_momentum(), backward_passes_per_step=passes, **kwargs),
+                  loss=LOSS, jit_compile=False)
+    model.fit(shard(x), shard(y), batch_size=BATCH_PER_RANK, epochs=1, shuffle=False, verbose=0)
+    assert_same_everywhere_and_equal([w.numpy() for w in model.trainable_variables],
+                                     reference_weights(sgd_momentum, passes_per_step=passes,
+                                                       average_aggregated=passes > 1))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_keras_names_its_buckets_per_process_set():
+    """As torch's: an optimizer that only a set's members create is numbered within that set, so the world's next
+    optimizer has the same name on every rank."""
+    members = hvd.add_process_set([0])
+    try:
+        if hvd.rank() == 0:
+            inside = hvd.DistributedOptimizer(sgd_momentum(), process_set=members)
+            assert f".set{members.process_set_id}." in inside._ringtrain.prefix
+        world = hvd.DistributedOptimizer(sgd_momentum())
+        names = hvd.allgather_object(world._ringtrain.prefix, name="check.keras.prefix")
+        assert names == [names[0]] * hvd.size() and ".set" not in names[0]
+    finally:
+        hvd.remove_process_set(members)
 
 
 @pytest.mark.mpi(min_size=2)
