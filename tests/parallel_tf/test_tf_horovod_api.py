@@ -115,3 +115,18 @@ def test_eager_auto_names_restart_with_names_reset():
     assert functions._auto_name("allreduce", None, tf.zeros(1)) == first == "tf.allreduce.1"
     # and the ranks still agree on them: an unnamed eager allreduce after the reset
     np.testing.assert_array_equal(hvd.allreduce(tf.ones(2), op=hvd.Sum).numpy(), np.full(2, hvd.size()))
+
+
+def test_lifecycle_topology_and_control_names():
+    from ringtrain.errors import UnsupportedOperationError
+    n, r = hvd.size(), hvd.rank()
+    assert hvd.is_initialized()
+    assert (hvd.cross_rank(), hvd.cross_size()) == (ringtrain.cross_rank(), ringtrain.cross_size())
+    hvd.barrier()
+    assert hvd.broadcast_object({"from": r}, root_rank=n - 1) == {"from": n - 1}
+    assert hvd.allgather_object(r * 10) == [q * 10 for q in range(n)]
+    last = hvd.join()                     # every rank joins at once: some rank is last, the same everywhere
+    assert 0 <= last < n and hvd.allgather_object(last) == [last] * n
+    assert not hasattr(hvd, "Adasum")
+    with pytest.raises(UnsupportedOperationError, match="Adasum"):
+        hvd.allreduce(tf.ones(2), op="adasum")
