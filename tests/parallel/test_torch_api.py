@@ -226,3 +226,30 @@ def test_timeline_started_and_stopped_at_run_time():
         names = {e.get("args", {}).get("tensor") for e in load_events(path)}
         assert "api.traced" in names and "api.after_stop" not in names
         os.unlink(path)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_async_in_place_forms_and_alltoall_async():
+    """Horovod's *_async_ forms write into the tensor they were given, and synchronize(handle) returns it;
+    alltoall_async's handle gives (received tensor, received splits), the splits int32 unless a tensor of
+    another dtype was passed."""
+    n, r = hvd.size(), hvd.rank()
+    x = torch.full((3,), float(r + 1))
+    handle = hvd.allreduce_async_(x, op=hvd.Sum, name="async_.allreduce")
+    assert hvd.synchronize(handle) is x and hvd.poll(handle)
+    assert torch.equal(x, torch.full((3,), n * (n + 1) / 2))
+    pair = [torch.full((2,), float(r)), torch.arange(4, dtype=torch.int64) * (r + 1)]
+    results = hvd.synchronize(hvd.grouped_allreduce_async_(pair, op=hvd.Sum, name="async_.grouped"))
+    assert results[0] is pair[0] and results[1] is pair[1]
+    assert torch.equal(pair[1], torch.arange(4) * (n * (n + 1) // 2))
+    y = torch.full((2, 2), float(r))
+    assert hvd.synchronize(hvd.broadcast_async_(y, root_rank=n - 1, name="async_.broadcast")) is y
+    assert torch.equal(y, torch.full((2, 2), float(n - 1)))
+    rows = torch.arange(2 * n, dtype=torch.float32) + 100 * r          # two rows for every rank
+    received, splits = hvd.synchronize(hvd.alltoall_async(rows, name="async_.alltoall"))
+    assert splits.dtype == torch.int32 and splits.tolist() == [2] * n
+    assert torch.equal(received, torch.cat([torch.arange(2 * r, 2 * r + 2, dtype=torch.float32) + 100 * q
+                                            for q in range(n)]))
+    _, splits64 = hvd.synchronize(hvd.alltoall_async(rows, splits=torch.tensor([2] * n, dtype=torch.int64),
+                                                     name="async_.alltoall.int64"))
+    assert splits64.dtype == torch.int64
