@@ -426,14 +426,19 @@ class Engine:
         self.finished.set()
         self.wake.set()
 
+    def abort(self, reason):
+        """From any thread: every wait of this engine ends with RankFailureError(reason), and so the engine fails
+        on its own thread at its next pass (the background thread's, or a caller's)."""
+        self.watchdog.abort_reason = reason
+        self.wake.set()
+
     def abandon(self, error, timeout=5.0):
         """Leave this world without another MPI call on it (a peer died; an elastic job forms a new world): every
         wait ends with `error` on the engine's own thread (the watchdog's abort), so pending requests and the join
         handle get it, and the thread stops. Nothing is freed: freeing is collective, and a peer is gone."""
         with self._state_lock:
             self.shutdown_requested = True
-        self.watchdog.abort_reason = str(error)
-        self.wake.set()
+        self.abort(str(error))
         if not self.finished.wait(timeout):     # no pass noticed in time: fail it from here
             locked = self._progress_lock.acquire(timeout=timeout)
             try:

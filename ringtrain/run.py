@@ -444,6 +444,24 @@ def parse_args(argv):
     parser.add_argument("--no-abort-on-exception", dest="abort_on_error", action="store_false",
                         help="run python scripts as given instead of under `python -m mpi4py`, whose MPI_Abort ends "
                              "the job when a rank raises (without it, such a job can hang in MPI_Finalize)")
+    parser.add_argument("-H", "--hosts", dest="hosts", metavar="HOST:SLOTS,...",
+                        help="hosts and their slots, e.g. localhost:4 (elastic jobs: the static host list)")
+    elastic = parser.add_argument_group(
+        "elastic training (any of --min-np, --max-np, --host-discovery-script makes the job elastic: each worker "
+        "is its own MPI job, and the world is re-formed when workers die or join; see ringtrain.elastic)")
+    elastic.add_argument("--min-np", type=int, help="fewest workers to train with (default: -np)")
+    elastic.add_argument("--max-np", type=int, help="most workers to train with (default: every free slot)")
+    elastic.add_argument("--host-discovery-script", metavar="SCRIPT",
+                         help="executable printing one 'hostname:slots' (or 'hostname') line per available host")
+    elastic.add_argument("--slots", type=int, default=1,
+                         help="slots of a host the discovery script lists without ':slots' (default 1)")
+    elastic.add_argument("--reset-limit", type=int,
+                         help="most re-formations of the world before the job fails (default: no limit)")
+    elastic.add_argument("--elastic-timeout", type=float, default=600.0, metavar="SECONDS",
+                         help="how long to wait with fewer than --min-np workers before failing (default 600)")
+    elastic.add_argument("--blacklist-cooldown-range", type=float, nargs=2, metavar=("MIN", "MAX"),
+                         help="a failing host is left out MIN * 2^(failures-1) seconds, at most MAX (default: for "
+                              "good)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the program each rank runs")
     args = parser.parse_args(argv)
     if args.num_ranks is not None and args.num_ranks < 1:
@@ -454,7 +472,26 @@ def parse_args(argv):
         parser.error("no command given, e.g. `ringtrain-run -np 2 python train.py`")
     if args.hostfile and not os.path.isfile(args.hostfile):
         parser.error(f"hostfile {args.hostfile!r} does not exist")
+    args.elastic = any(v is not None for v in (args.min_np, args.max_np, args.host_discovery_script))
+    if args.elastic:
+        _check_elastic_args(parser, args)
     return args
+
+
+def _check_elastic_args(parser, args):
+    if args.num_ranks is None:
+        parser.error("an elastic job needs -np (the workers to start with)")
+    min_np = args.min_np if args.min_np is not None else args.num_ranks
+    if min_np < 1 or (args.max_np is not None and not min_np <= args.num_ranks <= args.max_np):
+        parser.error(f"need 1 <= --min-np ({min_np}) <= -np ({args.num_ranks}) <= --max-np ({args.max_np})")
+    if args.hosts and args.host_discovery_script:
+        parser.error("give -H or --host-discovery-script, not both")
+    if args.host_discovery_script and not os.access(args.host_discovery_script, os.X_OK):
+        parser.error(f"--host-discovery-script {args.host_discovery_script!r} is not an executable file")
+    if args.blacklist_cooldown_range and not 0 <= args.blacklist_cooldown_range[0] <= args.blacklist_cooldown_range[1]:
+        parser.error("--blacklist-cooldown-range MIN MAX needs 0 <= MIN <= MAX")
+    if args.hostfile:
+        parser.error("an elastic job takes its hosts from -H or --host-discovery-script, not --hostfile")
 
 
 def launch(argv):
@@ -472,8 +509,11 @@ def launch(argv):
         threads = slurm and slurm.threads_per_rank
         exports["OMP_NUM_THREADS"] = str(threads or threads_per_rank(num_ranks, num_hosts))
     env.update(exports)
+    if args.elastic:
+        return launch_elastic(args, mpiexec, env)
+    hosts_args = () if not args.hosts else ("-hosts" if flavor == "hydra" else "--host", args.hosts)
     cmd = build_command(mpiexec, flavor, num_ranks, args.command, args.hostfile, exports, args.wrap_ranks,
-                        args.abort_on_error, slurm.mpiexec_args if slurm else ())
+                        args.abort_on_error, tuple(slurm.mpiexec_args if slurm else ()) + hosts_args)
     try:
         job = Job(cmd, env, args.grace)
     except OSError as exc:
@@ -487,6 +527,21 @@ def launch(argv):
         raise
     job.output.join(timeout=5)
     return summarize(job, returncode)
+
+
+def launch_elastic(args, mpiexec, env):
+    """The elastic driver (ringtrain/elastic_driver.py) starts and re-forms the workers; it never starts MPI here."""
+    from .elastic_driver import ElasticDriver
+    driver = ElasticDriver(args.command, env, mpiexec, args.num_ranks, min_np=args.min_np, max_np=args.max_np,
+                           hosts=args.hosts, discovery_script=args.host_discovery_script, slots=args.slots,
+                           reset_limit=args.reset_limit, elastic_timeout_s=args.elastic_timeout,
+                           cooldown_range=args.blacklist_cooldown_range)
+    def stop(signum, _frame):
+        raise SystemExit(128 + signum)     # the driver stops every worker on its way out
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, stop)
+    return driver.run()
 
 
 def main(argv=None):

@@ -28,7 +28,12 @@ class JoinError(RingtrainError):
 
 def launched_world(comm_world, config):
     """init()'s world: MPI's own, or the processes of a torch.distributed-style launch joined into one (see
-    environment.py); raises LaunchError where neither would be the job the launcher started."""
+    environment.py), or the next world of an elastic job (ringtrain/elastic/worker.py); raises LaunchError where
+    none would be the job the launcher started."""
+    from ..elastic import worker
+    if worker.enabled():
+        config.elastic = True      # a dead peer ends only this world; the driver forms the next
+        return worker.elastic_world(timeout_s=max(config.stall_timeout_s, 60.0))
     kind, rendezvous = plan_world(os.environ, comm_world.Get_size())
     if kind == "mpi":
         return comm_world

@@ -16,6 +16,7 @@ from ringtrain.errors import (RankFailureError, RingtrainError, StallError, Tens
 from .broadcast import broadcast_optimizer_state, broadcast_parameters  # noqa: F401
 from .checkpoint import *  # noqa: F401,F403
 from .compression import Compression  # noqa: F401
+from . import elastic  # noqa: F401  -- hvd.elastic
 from .consistency import *  # noqa: F401,F403
 from .functions import (  # noqa: F401
     Adasum, Average, Max, Min, Product, ProcessSet, ReduceOp, Sum,

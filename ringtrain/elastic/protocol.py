@@ -1,0 +1,39 @@
+"""The line protocol between the elastic driver (in `ringtrain-run`) and its workers: one JSON object per line over
+one TCP connection per worker, which the worker keeps open for its whole life (its close is also how the driver
+learns at once that a worker died).
+
+worker -> driver   {"op": "hello", "worker": id, "pid": pid}     first line
+                   {"op": "ready"}                                 this worker needs a (new) world
+                   {"op": "port", "port": name}                    the new world's rank 0 opened this MPI port
+                   {"op": "joined"}                                this worker connected and merged
+                   {"op": "exiting"}                               a normal interpreter exit (atexit)
+driver -> worker   {"op": "world", "rank": r, "size": n, "generation": g}    your place in the next world
+                   {"op": "connect", "port": name}                 connect now (one joiner at a time)
+                   {"op": "peer_failed", "generation": g, "reason": text}    end your waits on world g
+                   {"op": "hosts_updated", "seq": k, "generation": g, "added": bool,
+                                                                    "removed": bool}    (about world g)
+
+Environment the driver gives each worker: DRIVER_VARIABLE (host:port), WORKER_VARIABLE (its id) and HOST_VARIABLE.
+Standard library only: the driver runs in the launcher, which must not start MPI.
+"""
+import json
+
+DRIVER_VARIABLE = "RINGTRAIN_ELASTIC_DRIVER"
+WORKER_VARIABLE = "RINGTRAIN_ELASTIC_WORKER"
+HOST_VARIABLE = "RINGTRAIN_ELASTIC_HOST"
+
+
+def encode(op, **fields):
+    return (json.dumps(dict(op=op, **fields)) + "\n").encode()
+
+
+class LineReader:
+    """Splits what arrives on a socket into decoded messages; feed() returns the complete ones."""
+
+    def __init__(self):
+        self._pending = b""
+
+    def feed(self, data):
+        lines = (self._pending + data).split(b"\n")
+        self._pending = lines.pop()
+        return [json.loads(line) for line in lines if line.strip()]

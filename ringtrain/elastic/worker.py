@@ -1,0 +1,159 @@
+"""The worker side of an elastic job: its connection to the driver, and forming each new world.
+
+    comm = elastic_world(timeout_s)       # in init(), when the driver's variable is set
+
+One connection per process, kept across worlds. A reader thread takes the driver's notifications as they come:
+`peer_failed` ends every wait of the current world at once (the engines' watchdogs abort, on their own threads, so
+the training thread sees RankFailureError -- hvd.elastic.run rolls back and re-forms); `hosts_updated` is queued
+for the next State.check_host_updates(). Replies the rendezvous waits for go to a queue.
+
+Forming a world of n (the driver's plan, ranks in the order it chose): rank 0 opens an MPI port and tells the driver;
+the driver tells one joiner at a time to Connect (MPICH crashed here with several Connects pending at once), and
+each Accept + Merge grows the world by one with every member taking part (launchers/join.py's steps). A final Split
+orders it by the planned rank. Survivors of the last world keep their process and their memory: only the
+communicator is new.
+"""
+import atexit
+import os
+import queue
+import socket
+import sys
+import threading
+import time
+import traceback
+
+from .errors import ElasticError
+from .protocol import DRIVER_VARIABLE, WORKER_VARIABLE, LineReader, encode
+
+_client = None
+_client_lock = threading.Lock()
+
+
+def enabled(environ=os.environ):
+    return bool(environ.get(DRIVER_VARIABLE))
+
+
+class DriverClient:
+    def __init__(self, address, worker_id):
+        host, _, port = address.rpartition(":")
+        self.worker_id = worker_id
+        self.sock = socket.create_connection((host, int(port)), timeout=30)
+        self.sock.settimeout(None)
+        self.replies = queue.Queue()
+        self.host_updates = queue.Queue()       # (seq, added, removed) for State.check_host_updates()
+        self.generation = None                  # the world this process is in now
+        self.failed_generations = set()
+        self.closed = False
+        self._send_lock = threading.Lock()
+        self.send("hello", worker=worker_id, pid=os.getpid())
+        threading.Thread(target=self._read, name="ringtrain-elastic-driver", daemon=True).start()
+
+    def send(self, op, **fields):
+        with self._send_lock:
+            self.sock.sendall(encode(op, **fields))
+
+    def _read(self):
+        reader = LineReader()
+        while True:
+            try:
+                data = self.sock.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                self.closed = True
+                self.replies.put({"op": "closed"})
+                _abort_current_world("the elastic driver went away")
+                return
+            for message in reader.feed(data):
+                op = message["op"]
+                if op == "peer_failed":
+                    self.failed_generations.add(message["generation"])
+                    if message["generation"] == self.generation:
+                        _abort_current_world(message["reason"])
+                elif op == "hosts_updated":
+                    self.host_updates.put((message["seq"], message["generation"], message["added"],
+                                           message["removed"]))
+                else:
+                    self.replies.put(message)
+
+    def expect(self, op, timeout_s):
+        try:
+            message = self.replies.get(timeout=timeout_s)
+        except queue.Empty:
+            raise ElasticError(f"worker {self.worker_id}: the elastic driver sent no {op!r} within "
+                               f"{timeout_s:g} s") from None
+        if message["op"] != op:
+            raise ElasticError(f"worker {self.worker_id}: expected {op!r} from the elastic driver, got {message}")
+        return message
+
+
+def _abort_current_world(reason):
+    """End every wait on the current world now; its engines fail on their own threads (state.abandon follows)."""
+    from .. import state
+    state.abort(reason)
+
+
+def client():
+    global _client
+    with _client_lock:
+        if _client is None:
+            _client = DriverClient(os.environ[DRIVER_VARIABLE], os.environ.get(WORKER_VARIABLE, str(os.getpid())))
+            _install_exit_on_uncaught_exception()
+            atexit.register(_say_exiting, _client)
+        return _client
+
+
+def elastic_world(timeout_s):
+    """A new world for this worker, as the driver plans it (blocks until the driver has formed the next world)."""
+    from mpi4py import MPI
+
+    from ..launchers.join import _accept_one, _merge
+    driver = client()
+    driver.send("ready")
+    plan = driver.expect("world", timeout_s=None)
+    rank, size = plan["rank"], plan["size"]
+    if rank == 0:
+        port = MPI.Open_port()
+        driver.send("port", port=port)
+        world = MPI.COMM_SELF
+        try:
+            while world.Get_size() < size:
+                world = _accept_one(world, port, 0)
+        finally:
+            MPI.Close_port(port)
+    else:
+        port = driver.expect("connect", timeout_s)["port"]
+        world = _merge(MPI.COMM_SELF.Connect(port, root=0), high=True)
+        driver.send("joined")
+        while world.Get_size() < size:
+            world = _accept_one(world, None, rank)
+    ordered = world.Split(color=0, key=rank)
+    if world != MPI.COMM_SELF:
+        world.Free()
+    driver.generation = plan["generation"]
+    return ordered
+
+
+def _say_exiting(driver):
+    """A normal exit: the connection closing next is no death (the exit status tells the driver the rest)."""
+    try:
+        driver.send("exiting")
+    except OSError:
+        pass
+
+
+def _install_exit_on_uncaught_exception():
+    """A worker that dies of an exception must not wait in MPI_Finalize for peers it is still connected to (they
+    wait for it): print the traceback and leave at once; the driver tells the others."""
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        try:
+            previous(kind, value, tb)
+        except Exception:  # noqa: BLE001 -- whatever happens, leave
+            traceback.print_exception(kind, value, tb)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+    sys.excepthook = hook

