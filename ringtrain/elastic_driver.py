@@ -61,7 +61,7 @@ class Worker:
 
 
 def _say(text):
-    print(f"{PROG}: {text}", file=sys.stderr, flush=True)
+    os.write(sys.stderr.fileno(), f"{PROG}: {text}\n".encode())     # one write: workers share this stream
 
 
 def is_local(host):

@@ -241,11 +241,16 @@ class Reducer:
         self.overlap = bool(overlap)
         self.collective = collective
         self.groups = explicit_groups(self.members, groups)
+        self._member_of = {id(m.key): m for m in self.members}
+        self.restart()
+
+    def restart(self):
+        """Back to the plan and phase of a new reducer. An elastic job calls it on every rank when the world
+        changed, so survivors and newly joined workers lay out (and learn) their buckets alike."""
         self.phase = Phase.LEARNING_ORDER if self.overlap else Phase.ORDER_KNOWN
         self.layout = (Layout.USER_GROUPS if self.groups is not None
                        else Layout.GUESSED if self.overlap else Layout.BY_SIZE)
         self.state = StepState.OPEN
-        self._member_of = {id(m.key): m for m in self.members}
         self.buckets, self._bucket_of = [], {}
         self._plan(list(reversed(self.members)), generation=0)
         self.reset_step()

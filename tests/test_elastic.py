@@ -70,7 +70,7 @@ def test_sigkilled_worker_survivors_roll_back_to_their_commit_and_finish():
     assert "rank 1: KILLED" in job.output, job
     assert re.search(r"worker localhost\[\d\] \(rank 1 of world 1\) lost its connection.*2 workers left", job.output), job
     assert "world 2: 2 workers" in job.output, job
-    restored = job.lines("RESTORED")
+    restored = job.lines("RESET")
     assert sorted(restored) == [0, 1], job                         # both survivors rolled back (new ranks 0, 1)
     for lines in restored.values():
         assert len(lines) == 1 and lines[0]["live"] == lines[0]["committed"] != "None", job   # bit for bit
@@ -79,3 +79,53 @@ def test_sigkilled_worker_survivors_roll_back_to_their_commit_and_finish():
     assert {f[0]["size"] for f in final.values()} == {"2"}, job
     assert {f[0]["counts"] for f in final.values()} == {"ok"}, job     # every sample exactly once
     assert len({f[0]["digest"] for f in final.values()}) == 1, job     # and the survivors agree
+
+
+def _discovery_script(tmp_path, hosts):
+    hosts_file = tmp_path / "hosts"
+    hosts_file.write_text(hosts)
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts_file}\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return script, hosts_file
+
+
+def test_worker_added_by_discovery_joins_at_a_commit_and_gets_the_state(tmp_path):
+    script, hosts_file = _discovery_script(tmp_path, "localhost:2\n")
+    job = run_elastic("-np", "2", "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(script),
+                      GROW_HOSTS_FILE=hosts_file, GROW_STEP=3)
+    assert job.returncode == 0, job
+    assert re.search(r"world 2: 3 workers; joined: localhost\[2\]", job.output), job
+    for lines in job.lines("RESET").values():                   # a join rolls nothing back
+        assert all(r["live"] == r["committed"] for r in lines), job
+    starts = job.lines("START")
+    after = {rank: [s for s in lines if s["size"] == "3"] for rank, lines in starts.items()}
+    assert sorted(r for r, s in after.items() if s) == [0, 1, 2], job
+    digests = {s[0]["digest"] for s in after.values() if s}
+    assert len(digests) == 1, job                                # bit-identical on every rank after sync()
+    first = {s["digest"] for lines in starts.values() for s in lines if s["size"] == "2"}
+    assert digests.isdisjoint(first), job                        # ... and it is the trained state, not the initial
+    final = job.lines("FINAL")
+    assert sorted(final) == [0, 1, 2] and {f[0]["counts"] for f in final.values()} == {"ok"}, job
+    assert len({f[0]["digest"] for f in final.values()}) == 1, job
+
+
+def test_below_min_np_ends_with_a_clear_error_after_the_elastic_timeout():
+    job = run_elastic("-np", "2", "--min-np", "2", "--elastic-timeout", "2", KILL_RANK=1, KILL_STEP=3)
+    assert job.returncode != 0, job
+    assert re.search(r"1 worker\(s\) ready, below --min-np 2: waiting up to 2 s", job.output), job
+    assert re.search(r"elastic job failed: only 1 worker\(s\) for 2 s \(--elastic-timeout\), fewer than "
+                     r"--min-np 2", job.output), job
+    assert job.seconds < 60, job
+    assert not job.lines("FINAL"), job
+
+
+def test_worker_failing_at_start_is_blacklisted_and_the_job_goes_on():
+    job = run_elastic("-np", "3", "--min-np", "2", "-H", "127.0.0.1:2,127.0.0.2:1",
+                      "--blacklist-cooldown-range", "1", "2", FAIL_AT_START_ON_HOST="127.0.0.2")
+    assert job.returncode == 0, job
+    assert re.search(r"worker 127\.0\.0\.2\[0\] before joining a world exited with code 3; host 127\.0\.0\.2 "
+                     r"blacklisted for \d+ s", job.output), job
+    assert "world 1: 2 workers" in job.output, job
+    final = job.lines("FINAL")
+    assert sorted(final) == [0, 1] and {f[0]["counts"] for f in final.values()} == {"ok"}, job

@@ -31,11 +31,21 @@ class _ModelHandler:
         from ..torch.broadcast import broadcast_parameters
         broadcast_parameters(self.value.state_dict(), root_rank=0)
 
+    def reset(self):
+        pass
+
 
 class _OptimizerHandler(_ModelHandler):
     def sync(self):
         from ..torch.broadcast import broadcast_optimizer_state
         broadcast_optimizer_state(self.value, root_rank=0)
+
+
+    def reset(self):
+        # a DistributedOptimizer's buckets start over in a new world, where some ranks have never stepped
+        hooks = getattr(self.value, "_ringtrain", None)
+        if hooks is not None and hasattr(hooks, "restart"):
+            hooks.restart()
 
 
 class _SamplerHandler(_ModelHandler):
@@ -96,5 +106,4 @@ class TorchState(ObjectState):
 
     def reset(self):
         for handler in self._handlers.values():
-            if isinstance(handler, _SamplerHandler):
-                handler.reset()
+            handler.reset()

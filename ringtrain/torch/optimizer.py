@@ -41,6 +41,7 @@ import warnings
 import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from ringtrain import state as core_state
 from ringtrain.errors import RingtrainError, TensorMismatchError
 from ringtrain.model_check import describe_model_mismatch
 from ringtrain.process_sets import global_process_set
@@ -142,7 +143,11 @@ class GradientHooks:
         params = [p for p in all_params if p.requires_grad]
         if overlap is None:
             overlap = default_overlap(params, functions.local_size())
-        overlap = _check_same_model(all_params, self.names, overlap, prefix, process_set)
+        if not core_state.config().elastic:
+            # a collective: not in an elastic job, where a worker that joins builds its optimizer while the others
+            # train (sync() then hands it their state); overlap is there each rank's own choice, the same on every
+            # rank since each rank of an elastic world is a node of its own
+            overlap = _check_same_model(all_params, self.names, overlap, prefix, process_set)
         self.reducer = Reducer(parameter_members(params, self.names), prefix=prefix, scaling=scaling,
                                compression=compression, process_set=process_set,
                                passes_per_step=backward_passes_per_step, bucket_bytes=int(bucket_cap_mb * _MB),
@@ -157,6 +162,11 @@ class GradientHooks:
         return [(self.names[id(p)], p) for p in self.all_params()]
 
     # ------------------------------------------------------------ hooks: gradients become final
+
+    def restart(self):
+        """A new world (elastic): the reducer's first-step plan again, and its hooks (see Reducer.restart)."""
+        self.reducer.restart()
+        self.install_hooks()
 
     def install_hooks(self):
         """Post-accumulate-grad hooks. Until the ready order is known (overlap, step 1): a Python hook on every

@@ -7,7 +7,7 @@ Environment (set by tests/test_elastic.py):
   KILL_RANK=r KILL_STEP=s  in the first world, rank r SIGKILLs itself in step s, after its allreduce went out
   GROW_HOSTS_FILE=f        in the first world, rank 0 adds a slot to the discovery file f at step GROW_STEP and
                            every rank keeps committing until the new worker has joined
-Lines: "rank r: START size=n digest=d" each time train() starts (after sync), "rank r: RESTORED live=d committed=d"
+Lines: "rank r: START size=n digest=d" each time train() starts (after sync), "rank r: RESET live=d committed=d"
 after each roll-back, "rank r: FINAL size=n digest=d counts=ok|<list>".
 """
 import hashlib
@@ -45,9 +45,13 @@ groups = [{"params": [model.counts], "momentum": 0.0}, {"params": model.linear.p
 optimizer = hvd.DistributedOptimizer(torch.optim.SGD(groups, lr=1.0),
                                      named_parameters=model.named_parameters(), op=hvd.Sum)
 sampler = hvd.elastic.ElasticSampler(list(range(N)), shuffle=True, seed=7)
-state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, step=0)
+# first_size: the first world's size, which sync() hands to workers that join later
+state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, step=0, first_size=hvd.size())
 last_commit = {"digest": None}
-first_size = hvd.size()
+
+
+def say(text):
+    os.write(1, f"rank {hvd.rank()}: {text}\n".encode())     # one write: the workers share one pipe
 
 
 def digest():
@@ -67,7 +71,7 @@ def commit():
 
 
 def on_reset():
-    print(f"rank {hvd.rank()}: RESTORED live={digest()} committed={last_commit['digest']}", flush=True)
+    say(f"RESET live={digest()} committed={last_commit['digest']}")
 
 
 state.register_reset_callbacks([on_reset])
@@ -96,16 +100,16 @@ def wait_for_join():
 
 @hvd.elastic.run
 def train(state):
-    print(f"rank {hvd.rank()}: START size={hvd.size()} digest={digest()}", flush=True)
+    say(f"START size={hvd.size()} digest={digest()}")
     while state.epoch < 1:
         for batch in range(state.sampler.steps(BATCH)):
-            in_first_world = hvd.size() == first_size and state.step < 1000
+            in_first_world = hvd.size() == state.first_size and state.step < 1000
             if in_first_world and os.environ.get("GROW_HOSTS_FILE") and batch == int(os.environ["GROW_STEP"]):
                 wait_for_join()
             step(state.sampler.get_indices(batch, BATCH))
             if (in_first_world and str(hvd.rank()) == os.environ.get("KILL_RANK")
                     and batch == int(os.environ["KILL_STEP"])):
-                print(f"rank {hvd.rank()}: KILLED at {time.time():.3f}", flush=True)
+                say(f"KILLED at {time.time():.3f}")
                 os.kill(os.getpid(), 9)
             state.sampler.record_batch(batch, BATCH)
             state.step += 1
@@ -122,5 +126,4 @@ train(state)
 # after the epoch's last commit: counts hold one epoch (set_epoch only resets the sampler)
 counts = model.counts.detach()
 ok = bool(torch.equal(counts, torch.ones(N)))
-print(f"rank {hvd.rank()}: FINAL size={hvd.size()} digest={digest()} counts="
-      f"{'ok' if ok else counts.int().tolist()}", flush=True)
+say(f"FINAL size={hvd.size()} digest={digest()} counts={'ok' if ok else counts.int().tolist()}")
