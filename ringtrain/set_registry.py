@@ -162,14 +162,6 @@ def shutdown_all():
         stop(membership)
 
 
-def abort_all(reason):
-    """ringtrain.state.abort(): end every wait of every set's engine (from any thread)."""
-    with _lock:
-        members = list(_members.values())
-    for membership in members:
-        membership.engine.abort(reason)
-
-
 def abandon_all(error):
     """ringtrain.state.abandon(): every set's engine leaves its (dead) world without a collective call."""
     members = _forget_all()

@@ -85,18 +85,6 @@ def shutdown():
         topology.free()
 
 
-def abort(reason):
-    """From any thread: every wait of the current world's engines (process sets included) ends with
-    RankFailureError(reason), so a collective blocked on a peer that died returns now. Used by ringtrain.elastic
-    when its driver reports a dead worker; abandon() then leaves the world."""
-    from . import process_sets
-    current = _state
-    if current is None:
-        return
-    set_registry.abort_all(reason)
-    current[1].abort(reason)
-
-
 def abandon(reason):
     """Leave the current world without any MPI call on it (collective calls would wait for a dead peer forever):
     every engine's waits end with RankFailureError(reason), their threads stop, nothing is freed. init(comm=...)

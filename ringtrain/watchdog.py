@@ -6,11 +6,23 @@ Spinning hard would steal the core the training thread needs on small machines, 
 """
 import os
 import time
+import weakref
 
 from .errors import RankFailureError
 
 YIELD_S = 2e-4     # how long a wait polls with sched_yield before it starts sleeping
 SPIN_POLLS = 64    # polls without yielding first -- only while this machine has a core for every rank on it
+
+
+_live = weakref.WeakSet()     # every Watchdog not yet garbage: abort_all() reaches the engines of every world
+
+
+def abort_all(reason):
+    """From any thread: every wait of every engine in this process (process sets included) ends with
+    RankFailureError(reason). ringtrain.elastic calls it when its driver reports a dead worker: the world's
+    collectives can never complete, and a stopped world's engines ignore it."""
+    for watchdog in list(_live):
+        watchdog.abort_reason = reason
 
 
 def _alive(pid):
@@ -52,6 +64,7 @@ class Watchdog:
         # needs: yield from the first poll (4 ranks on 2 cores: 4 KB shm allreduce 122 -> 92-106 us).
         ranks_here = len(self.local_peers) + 1
         self.spin_polls = SPIN_POLLS if ranks_here <= len(os.sched_getaffinity(0)) else 0
+        _live.add(self)
 
     def check(self, what=""):
         if self.abort_reason is not None:

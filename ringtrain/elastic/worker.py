@@ -3,13 +3,13 @@
     comm = elastic_world(timeout_s)       # in init(), when the driver's variable is set
 
 One connection per process, kept across worlds. A reader thread takes the driver's notifications as they come:
-`peer_failed` ends every wait of the current world at once (the engines' watchdogs abort, on their own threads, so
-the training thread sees RankFailureError -- hvd.elastic.run rolls back and re-forms); `hosts_updated` is queued
+`peer_failed` ends every wait of the current world at once (watchdog.abort_all: the engines fail on their own
+threads, so the training thread sees RankFailureError -- hvd.elastic.run rolls back and re-forms); `hosts_updated` is queued
 for the next State.check_host_updates(). Replies the rendezvous waits for go to a queue.
 
 Forming a world of n (the driver's plan, ranks in the order it chose): rank 0 opens an MPI port and tells the driver;
 the driver tells one joiner at a time to Connect (MPICH crashed here with several Connects pending at once), and
-each Accept + Merge grows the world by one with every member taking part (launchers/join.py's steps). A final Split
+each Accept + Merge grows the world by one with every member taking part (launchers/dynamic.py). A final Split
 orders it by the planned rank. Survivors of the last world keep their process and their memory: only the
 communicator is new.
 """
@@ -22,6 +22,8 @@ import threading
 import time
 import traceback
 
+from ..errors import RankFailureError
+from ..watchdog import abort_all
 from .errors import ElasticError
 from .protocol import DRIVER_VARIABLE, WORKER_VARIABLE, LineReader, encode
 
@@ -89,8 +91,7 @@ class DriverClient:
 
 def _abort_current_world(reason):
     """End every wait on the current world now; its engines fail on their own threads (state.abandon follows)."""
-    from .. import state
-    state.abort(reason)
+    abort_all(reason)
 
 
 def client():
@@ -107,7 +108,7 @@ def elastic_world(timeout_s):
     """A new world for this worker, as the driver plans it (blocks until the driver has formed the next world)."""
     from mpi4py import MPI
 
-    from ..launchers.join import _accept_one, _merge
+    from ..launchers.dynamic import accept_one, grow, merge
     driver = client()
     driver.send("ready")
     plan = driver.expect("world", timeout_s=None)
@@ -118,19 +119,21 @@ def elastic_world(timeout_s):
         world = MPI.COMM_SELF
         try:
             while world.Get_size() < size:
-                world = _accept_one(world, port, 0)
+                world = accept_one(world, port, 0)
         finally:
             MPI.Close_port(port)
     else:
         port = driver.expect("connect", timeout_s)["port"]
-        world = _merge(MPI.COMM_SELF.Connect(port, root=0), high=True)
+        world = merge(MPI.COMM_SELF.Connect(port, root=0), high=True)
         driver.send("joined")
-        while world.Get_size() < size:
-            world = _accept_one(world, None, rank)
+        world = grow(world, size, rank)
     ordered = world.Split(color=0, key=rank)
     if world != MPI.COMM_SELF:
         world.Free()
     driver.generation = plan["generation"]
+    if driver.generation in driver.failed_generations:     # a member died while the world formed
+        raise RankFailureError(f"worker {driver.worker_id}: a worker of world {driver.generation} died while it "
+                               f"formed")
     return ordered
 
 

@@ -19,6 +19,7 @@ import time
 from mpi4py import MPI
 
 from ..errors import RingtrainError
+from .dynamic import accept_one, grow, merge
 from .environment import plan_world
 
 
@@ -53,7 +54,7 @@ def join_world(rank, size, master_addr, master_port, timeout_s=120.0):
             world = MPI.COMM_SELF
             for joiner in sorted(peers):          # one Connect pending at a time (MPICH crashed on several)
                 peers[joiner].sendall(f"PORT {port}\n".encode())
-                world = _accept_one(world, port, rank)
+                world = accept_one(world, port, rank)
         finally:
             for conn in peers.values():
                 conn.close()
@@ -61,31 +62,10 @@ def join_world(rank, size, master_addr, master_port, timeout_s=120.0):
     else:
         port = _fetch_port_name(rank, size, master_addr, int(master_port), timeout_s)
         intercomm = MPI.COMM_SELF.Connect(port, root=0)
-        world = _grow(_merge(intercomm, high=True), size, rank)
+        world = grow(merge(intercomm, high=True), size, rank)
     ordered = world.Split(color=0, key=rank)
     world.Free()
     return ordered
-
-
-def _merge(intercomm, high):
-    merged = intercomm.Merge(high=high)
-    intercomm.Disconnect()
-    return merged
-
-
-def _grow(world, size, rank):
-    """Take part in the Accepts of the ranks that join after us, until the world has `size` processes."""
-    while world.Get_size() < size:
-        world = _accept_one(world, None, rank)
-    return world
-
-
-def _accept_one(world, port, rank):
-    """One collective Accept + Merge over the current world (root 0 owns the port; others pass an empty name)."""
-    grown = _merge(world.Accept(port if rank == 0 else "", root=0), high=False)
-    if world != MPI.COMM_SELF:
-        world.Free()
-    return grown
 
 
 def _check_in(size, master_port, timeout_s):
