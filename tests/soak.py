@@ -1,7 +1,8 @@
-"""Randomized soak of every collective against numpy, shared by tests/parallel/test_soak.py (hypothesis, short)
-and the long command-line run:
+"""Randomized differential soak of every collective against numpy, shared by tests/parallel/test_soak.py (short,
+in CI), benchmarks/soak.py (long, with ops/s and RSS) and the command line:
 
     mpiexec -n 4 python tests/soak.py --soak --ops 10000      # prints "soak: ops=... wrong=..." on rank 0
+    mpiexec -n 4 python tests/soak.py --seed 7 --transport mpi --simulate-nodes 2 --cache-capacity 32
 
 A program is a list of batches; a batch is either synchronous (one call after another, some with automatic
 names) or asynchronous (every op submitted with *_async in an order shuffled differently on each rank, then all
@@ -9,6 +10,13 @@ waited). Every rank draws the same program from the same choices (a seeded numpy
 the test); inputs are seeded by (seed, op, rank), so every rank can compute every other rank's input and so the
 numpy reference. Values are small integers, so sums and products are exact even in float16/bfloat16 and int8;
 Average is compared with a tolerance of a few ulps (the 1/N scale rounds differently from numpy's division).
+
+What a program draws: every collective kind and its grouped form, every op and dtype, sizes from 0 to past the
+agreement's eager slots, the shm transport's one-barrier limit, its region (SOAK_CONFIG's fusion threshold) and
+its private chunks; rank-dependent first dimensions and splits; broadcast roots that vary; names that recur and
+names used once (with SOAK_CONFIG's cache capacity of 32, a program goes far past it); in-place allreduces of
+arrays in the transport's shared window and of private ones; ops on a process set (the even ranks), which only
+its members run. A failure names the seed; the same seed replays the same program on every rank.
 """
 import argparse
 import sys
@@ -16,13 +24,21 @@ import time
 
 import numpy as np
 
-KINDS = ("allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall", "reducescatter")
+KINDS = ("allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast", "alltoall", "reducescatter",
+         "grouped_reducescatter", "barrier")
+REDUCING = ("allreduce", "grouped_allreduce", "reducescatter", "grouped_reducescatter")
+GROUPED = ("grouped_allreduce", "grouped_allgather", "grouped_reducescatter")
 DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64", "bool", "int16", "uint16")
 OP_NAMES = ("Average", "Sum", "Min", "Max", "Product")
-# element counts: empty, tiny, odd, a prime above a 4 KB segment, and above a 16 KB fusion threshold
+# element counts: empty, tiny, odd, a prime above a 4 KB segment, and above a 16 KB fusion threshold ...
 SIZES = (0, 1, 7, 33, 1031, 4099, 9001)
+# ... and, drawn one time in LARGE_ODDS, past the shm one-barrier limit (64 KB), the eager slots (64 KB..1 MB) and
+# a 4 MB private chunk (rows times 1 or 3 columns of up to 8 bytes)
+LARGE_SIZES = (20011, 70001, 300007)
+LARGE_ODDS = 12
 NAME_POOL = [f"soak.t{i}" for i in range(24)]   # names recur across batches, with new shapes and dtypes
-SOAK_CONFIG = {"fusion_threshold": 16 << 10, "segment_bytes": 4096}
+SOAK_CONFIG = {"fusion_threshold": 16 << 10, "segment_bytes": 4096, "cache_capacity": 32}
+SHARED_SCRATCH_BYTES = 4 << 20      # per rank: in-window arrays are carved from one empty_shared() block
 
 
 class NumpyChooser:
@@ -39,32 +55,48 @@ class NumpyChooser:
 
 
 # ---------------------------------------------------------------- the program
-def random_op(choose, size, op_id, names_taken):
+def set_members(size):
+    """The process set a program's set ops run on: the even ranks (one rank alone at 2 ranks)."""
+    return list(range(0, size, 2))
+
+
+def random_op(choose, size, op_id, names_taken, seed=0):
     kind = choose.choice(KINDS)
     dtype = choose.choice(DTYPE_NAMES)
-    reducing = kind in ("allreduce", "grouped_allreduce", "reducescatter")
+    reducing = kind in REDUCING
     if reducing and dtype == "bool":
         op = choose.choice(("Min", "Max"))       # Sum/Product are not defined for bool
     else:
         op = choose.choice(OP_NAMES)
-    free = [n for n in NAME_POOL if n not in names_taken]
-    name = choose.choice(free)
+    if choose.integer(0, 1):                     # a name that recurs across batches ...
+        free = [n for n in NAME_POOL if n not in names_taken]
+        name = choose.choice(free)
+    else:                                        # ... or one used once: churn past the cache capacity
+        name = f"soak.once.{seed}.{op_id}"
     names_taken.add(name)
-    spec = {"id": op_id, "kind": kind, "dtype": dtype, "op": op, "name": name,
-            "count": choose.choice(SIZES), "cols": choose.choice((1, 3)),
-            "scales": (1.0, 1.0), "in_place": False}
-    if kind == "allreduce" and dtype.startswith(("float", "bfloat")) and op in ("Sum", "Average"):
+    count = choose.choice(SIZES)
+    if choose.integer(1, LARGE_ODDS) == 1 and kind in REDUCING + ("broadcast",):
+        count = choose.choice(LARGE_SIZES)
+    in_set = size > 2 and choose.integer(0, 5) == 0 or size == 2 and choose.integer(0, 11) == 0
+    group = set_members(size) if in_set else list(range(size))
+    n = len(group)
+    spec = {"id": op_id, "kind": kind, "dtype": dtype, "op": op, "name": name, "count": count,
+            "cols": choose.choice((1, 3)), "scales": (1.0, 1.0), "in_place": False, "shared": False,
+            "group": group, "in_set": in_set}
+    if kind in ("allreduce", "reducescatter", "grouped_reducescatter") and dtype.startswith(("float", "bfloat")) \
+            and op in ("Sum", "Average"):
         spec["scales"] = (choose.choice((1.0, 0.5)), choose.choice((1.0, 2.0)))   # powers of 2: exact
     if kind == "allreduce":
         spec["in_place"] = choose.integer(0, 3) == 0
-    if kind == "grouped_allreduce":
-        spec["members"] = choose.integer(1, 3)
-    if kind == "allgather":
-        spec["first_dims"] = [choose.choice((0, 1, 2, 5, 700)) for _ in range(size)]
+        spec["shared"] = spec["in_place"] and choose.integer(0, 1) == 1    # in the transport's shared window
+    if kind in GROUPED:
+        spec["tensors"] = choose.integer(1, 3)
+    if kind in ("allgather", "grouped_allgather"):
+        spec["first_dims"] = [choose.choice((0, 1, 2, 5, 700)) for _ in range(n)]
     if kind == "broadcast":
-        spec["root"] = choose.integer(0, size - 1)
+        spec["root"] = group[choose.integer(0, n - 1)]          # a world rank, as Horovod's root_rank
     if kind == "alltoall":
-        spec["splits"] = [[choose.choice((0, 1, 3, 40)) for _ in range(size)] for _ in range(size)]
+        spec["splits"] = [[choose.choice((0, 1, 3, 40)) for _ in range(n)] for _ in range(n)]
     return spec
 
 
@@ -76,7 +108,7 @@ def random_program(choose, size, n_ops):
         asynchronous = choose.integer(0, 1) == 1
         length = min(choose.integer(1, 6), n_ops - op_id)
         taken = set()
-        ops = [random_op(choose, size, op_id + i, taken) for i in range(length)]
+        ops = [random_op(choose, size, op_id + i, taken, seed) for i in range(length)]
         if not asynchronous:
             for spec in ops:      # automatic names only where the call order is the same on every rank
                 if choose.integer(0, 2) == 0:
@@ -99,7 +131,7 @@ def make_input(seed, spec, rank, rows, member=0):
     dtype = _dtype(spec["dtype"])
     if spec["dtype"] == "bool":
         return rng.integers(0, 2, shape).astype(bool)
-    if spec["op"] == "Product" and spec["kind"] in ("allreduce", "grouped_allreduce", "reducescatter"):
+    if spec["op"] == "Product" and spec["kind"] in REDUCING:
         low, high = (1, 3) if spec["dtype"] in ("uint8", "uint16") else (-2, 3)    # |product| <= 2**4 over 4 ranks
     else:
         low, high = (0, 4) if spec["dtype"] in ("uint8", "uint16") else (-3, 4)
@@ -142,7 +174,7 @@ def _equal(got, want, spec):
         return False
     if spec["dtype"] in AVERAGE_TOLERANCE:     # floats, bfloat16 included (numpy kind 'V')
         got, want = got.astype(np.float64), want.astype(np.float64)
-        if spec.get("op") == "Average" and spec["kind"] in ("allreduce", "grouped_allreduce", "reducescatter"):
+        if spec.get("op") == "Average" and spec["kind"] in REDUCING:
             tolerance = AVERAGE_TOLERANCE[spec["dtype"]]
             return np.allclose(got, want, rtol=tolerance, atol=tolerance)
     return np.array_equal(got, want)
@@ -150,19 +182,26 @@ def _equal(got, want, spec):
 
 # ---------------------------------------------------------------- execution
 class Call:
-    """One op of the program on this rank: how to submit it (sync or async) and how to check its result."""
+    """One op of the program on this rank: how to submit it (sync or async) and how to check its result. Ranks
+    are those of the op's group (the world, or the process set): inputs, splits and blocks are indexed by them."""
 
-    def __init__(self, rt, seed, spec, rank, size):
-        self.rt, self.seed, self.spec, self.rank, self.size = rt, seed, spec, rank, size
-        kind = spec["kind"]
-        n = spec["count"]
+    def __init__(self, rt, seed, spec, rank, size, process_set=None, scratch=None):
+        self.rt, self.seed, self.spec = rt, seed, spec
+        group = spec.get("group", list(range(size)))
+        self.world_rank, self.rank, self.size = rank, group.index(rank), len(group)
+        self.process_set = process_set if spec.get("in_set") else None
+        self.scratch = scratch
+        kind, n, size = spec["kind"], spec["count"], self.size
         if kind == "allgather":
             self.inputs = [make_input(seed, spec, r, spec["first_dims"][r]) for r in range(size)]
+        elif kind == "grouped_allgather":
+            self.inputs = [[make_input(seed, spec, r, spec["first_dims"][r] + m, member=m) for r in range(size)]
+                           for m in range(spec["tensors"])]
         elif kind == "alltoall":
             self.inputs = [make_input(seed, spec, r, sum(spec["splits"][r])) for r in range(size)]
-        elif kind == "grouped_allreduce":
+        elif kind in ("grouped_allreduce", "grouped_reducescatter"):
             self.inputs = [[make_input(seed, spec, r, n + m, member=m) for r in range(size)]
-                           for m in range(spec["members"])]
+                           for m in range(spec["tensors"])]
         else:
             self.inputs = [make_input(seed, spec, r, n) for r in range(size)]
         self.out = None
@@ -171,37 +210,62 @@ class Call:
         rt, spec, r = self.rt, self.spec, self.rank
         op = getattr(rt, spec["op"])
         kind = spec["kind"]
+        where = {"process_set": self.process_set} if self.process_set is not None else {}
+        pre, post = spec["scales"]
         if kind == "allreduce":
-            mine = self.inputs[r].copy()
-            pre, post = spec["scales"]
-            kwargs = dict(op=op, name=spec["name"], prescale_factor=pre, postscale_factor=post)
-            return mine, kwargs
+            return self.inputs[r].copy(), dict(op=op, name=spec["name"], prescale_factor=pre, postscale_factor=post,
+                                               **where)
         if kind == "grouped_allreduce":
-            return [m[r].copy() for m in self.inputs], dict(op=op, name=spec["name"])
-        if kind == "allgather":
-            return self.inputs[r].copy(), dict(name=spec["name"])
+            return [m[r].copy() for m in self.inputs], dict(op=op, name=spec["name"], **where)
+        if kind in ("allgather", "grouped_allgather"):
+            array = [m[r].copy() for m in self.inputs] if kind.startswith("grouped") else self.inputs[r].copy()
+            return array, dict(name=spec["name"], **where)
         if kind == "broadcast":
-            return self.inputs[r].copy(), dict(root_rank=spec["root"], name=spec["name"])
+            return self.inputs[r].copy(), dict(root_rank=spec["root"], name=spec["name"], **where)
         if kind == "alltoall":
-            return self.inputs[r].copy(), dict(splits=list(spec["splits"][r]), name=spec["name"])
-        return self.inputs[r].copy(), dict(op=op, name=spec["name"])
+            return self.inputs[r].copy(), dict(splits=list(spec["splits"][r]), name=spec["name"], **where)
+        if kind == "barrier":
+            return None, dict(name=spec["name"], **where)
+        if kind == "grouped_reducescatter":
+            return [m[r].copy() for m in self.inputs], dict(op=op, name=spec["name"], prescale_factor=pre,
+                                                            postscale_factor=post, **where)
+        return self.inputs[r].copy(), dict(op=op, name=spec["name"], prescale_factor=pre, postscale_factor=post,
+                                           **where)
+
+    def _in_place(self, array, kwargs):
+        """An in-place allreduce: of the array itself, or of a copy in the transport's shared window."""
+        if self.spec["shared"] and self.scratch is not None:
+            shared = self.scratch.take(array)
+            if shared is not None:
+                array = shared
+        self.out = array
+        kwargs["out"] = array
+        return array
 
     def run_sync(self):
         array, kwargs = self._args()
+        if self.spec["kind"] == "barrier":
+            return self.rt.barrier(**kwargs)
+        if self.spec["kind"] == "allreduce" and self.spec["in_place"]:
+            array = self._in_place(array, kwargs)
         return getattr(self.rt, self.spec["kind"])(array, **kwargs)
 
     def submit_async(self):
         array, kwargs = self._args()
+        if self.spec["kind"] == "barrier":      # no async barrier: a one-byte allreduce stands in, checked too
+            self.inputs = [np.ones(1, np.uint8)] * self.size
+            return self.rt.allreduce_async(np.ones(1, np.uint8), op=self.rt.Sum, **kwargs)
         if self.spec["kind"] == "allreduce" and self.spec["in_place"]:
-            self.out = array
-            kwargs["out"] = array
+            array = self._in_place(array, kwargs)
         return getattr(self.rt, self.spec["kind"] + "_async")(array, **kwargs)
 
     def check(self, result):
         """Number of wrong results in this op (0 or 1; a grouped op counts once) and a description."""
         spec, r, size = self.spec, self.rank, self.size
         kind = spec["kind"]
-        if kind == "allreduce":
+        if kind == "barrier":
+            ok = result is None or np.array_equal(result, np.full(1, size, np.uint8))
+        elif kind == "allreduce":
             if self.out is not None and result is not self.out and not np.shares_memory(result, self.out):
                 return 1, "in-place allreduce did not return its out array"
             ok = _equal(result, reduce_reference(self.inputs, spec), spec)
@@ -210,8 +274,11 @@ class Call:
                 _equal(got, reduce_reference(m, spec), spec) for got, m in zip(result, self.inputs))
         elif kind == "allgather":
             ok = _equal(result, np.concatenate(self.inputs), spec)
+        elif kind == "grouped_allgather":
+            ok = len(result) == len(self.inputs) and all(
+                _equal(got, np.concatenate(m), spec) for got, m in zip(result, self.inputs))
         elif kind == "broadcast":
-            ok = _equal(result, self.inputs[spec["root"]], spec)
+            ok = _equal(result, self.inputs[spec.get("group", list(range(size))).index(spec["root"])], spec)
         elif kind == "alltoall":
             received, received_splits = result
             blocks = []
@@ -220,21 +287,58 @@ class Call:
                 blocks.append(self.inputs[j][start:start + spec["splits"][j][r]])
             ok = (_equal(received, np.concatenate(blocks), spec)
                   and list(received_splits) == [spec["splits"][j][r] for j in range(size)])
+        elif kind == "grouped_reducescatter":
+            ok = len(result) == len(self.inputs) and all(
+                _equal(got, _block(reduce_reference(m, spec), size, r), spec) for got, m in zip(result, self.inputs))
         else:
-            full = reduce_reference(self.inputs, spec)
-            start, stop = _even_bounds(full.shape[0], size, r)
-            ok = _equal(result, full[start:stop], spec)
-        return (0, "") if ok else (1, f"op {spec} on rank {r}: got {result!r:.300}")
+            ok = _equal(result, _block(reduce_reference(self.inputs, spec), size, r), spec)
+        return (0, "") if ok else (1, f"op {_short(spec)} on rank {self.world_rank}: got {result!r:.300}")
 
 
-def run_program(rt, program, log=None):
-    """Execute on this rank; returns (ops run, ops wrong). Errors count as wrong results and are logged."""
+def _block(full, size, rank):
+    start, stop = _even_bounds(full.shape[0], size, rank)
+    return full[start:stop]
+
+
+def _short(spec):
+    return {k: v for k, v in spec.items() if k not in ("first_dims", "splits") or len(str(v)) < 80}
+
+
+class SharedScratch:
+    """In-window arrays for a batch, carved one after another from one empty_shared() block (the window's pool is
+    never returned, so a soak must not allocate a new one per op); reset between batches."""
+
+    def __init__(self, rt, nbytes=SHARED_SCRATCH_BYTES):
+        self.block = rt.empty_shared(nbytes, np.uint8)
+        self.used = 0
+
+    def take(self, array):
+        """A copy of array in the block, or None when it does not fit."""
+        start = -(-self.used // 64) * 64
+        if start + array.nbytes > self.block.nbytes:
+            return None
+        self.used = start + array.nbytes
+        shared = self.block[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+        shared[...] = array
+        return shared
+
+    def reset(self):
+        self.used = 0
+
+
+def run_program(rt, program, log=None, process_set=None, scratch=None):
+    """Execute on this rank; returns (ops run, ops wrong). Errors count as wrong results and are logged. Set ops
+    run on `process_set` (the even ranks; register it with set_members() first), on its members only."""
     rank, size = rt.rank(), rt.size()
     seed = program["seed"]
     ran = wrong = 0
     for b, batch in enumerate(program["batches"]):
-        calls = [Call(rt, seed, spec, rank, size) for spec in batch["ops"]]
+        specs = [spec for spec in batch["ops"] if rank in spec.get("group", (rank,))
+                 and (process_set is not None or not spec.get("in_set"))]
+        calls = [Call(rt, seed, spec, rank, size, process_set, scratch) for spec in specs]
         results = [None] * len(calls)
+        if scratch is not None:
+            scratch.reset()
         try:
             if batch["async"]:
                 order = np.random.default_rng([seed, b, rank]).permutation(len(calls))   # differs per rank
@@ -261,36 +365,117 @@ def run_program(rt, program, log=None):
     return ran, wrong
 
 
+def run_soak(rt, seed, total_ops, chunk=500, log=None):
+    """Programs drawn from (seed, chunk index) until total_ops world ops; the set ops on the even ranks' process
+    set. Returns (ops this rank ran, ops wrong on this rank)."""
+    process_set = rt.add_process_set(set_members(rt.size())) if rt.size() > 1 else None
+    scratch = SharedScratch(rt)
+    ran = wrong = drawn = 0
+    chunk_index = 0
+    try:
+        while drawn < total_ops:
+            choose = NumpyChooser([seed, chunk_index])
+            program = random_program(choose, rt.size(), min(chunk, total_ops - drawn))
+            r, w = run_program(rt, program, log=log, process_set=process_set, scratch=scratch)
+            drawn += sum(len(b["ops"]) for b in program["batches"])
+            ran += r
+            wrong += w
+            chunk_index += 1
+    finally:
+        if process_set is not None:
+            rt.remove_process_set(process_set)
+    return ran, wrong
+
+
+# ---------------------------------------------------------------- the two workloads that once broke the engine
+def allgather_loop(rt, batches, prefix="loop"):
+    """Per-batch predictions gathered under a new name per batch, 1..3 rows depending on the rank: one cache
+    entry per (name, row count) -- past 4,096 of them every engine crashed at 4 ranks. Returns (ops, wrong)."""
+    rank, size = rt.rank(), rt.size()
+    want = np.ones(sum(1 + q % 3 for q in range(size)), np.float32)
+    wrong = 0
+    for b in range(batches):
+        handles = [rt.allgather_async(np.ones(1 + rank % 3, np.float32), name=f"{prefix}.m{b}.{i}") for i in range(4)]
+        for h in handles:
+            wrong += not np.array_equal(h.wait(), want)
+    return 4 * batches, wrong
+
+
+MIX_DTYPES = ("float32", "float64", "int32", "float16")
+
+
+def random_mix(rt, batches, seed, prefix="mix"):
+    """Batches of 1..5 async allreduce / allgather / broadcast, four dtypes, 1 to 70,000 elements, a new name per
+    op, submitted in a rank-dependent order with rank-dependent first dimensions. Returns (ops, wrong)."""
+    rank, size = rt.rank(), rt.size()
+    wrong = ops = 0
+    for b in range(batches):
+        rng = np.random.default_rng([seed, b])
+        specs = []
+        for i in range(int(rng.integers(1, 6))):
+            kind = ("allreduce", "allgather", "broadcast")[int(rng.integers(3))]
+            dtype = _dtype(MIX_DTYPES[int(rng.integers(4))])
+            count = int(rng.integers(1, 70001)) if rng.random() < 0.3 else int(rng.integers(1, 300))
+            specs.append((kind, dtype, count, int(rng.integers(size)), f"{prefix}.{seed}.{b}.{i}"))
+        handles = {}
+        for i in np.random.default_rng([seed, b, rank]).permutation(len(specs)):
+            kind, dtype, count, root, name = specs[i]
+            if kind == "allreduce":
+                handles[i] = rt.allreduce_async(np.full(count, rank + 1, dtype), op=rt.Sum, name=name)
+            elif kind == "allgather":
+                handles[i] = rt.allgather_async(np.full((1 + (rank + b) % 3, 2), rank, dtype), name=name)
+            else:
+                handles[i] = rt.broadcast_async(np.full(count, rank, dtype), root_rank=root, name=name)
+        for i, (kind, dtype, count, root, name) in enumerate(specs):
+            got = handles[i].wait()
+            if kind == "allreduce":
+                want = np.full(count, size * (size + 1) // 2, dtype)
+            elif kind == "allgather":
+                want = np.concatenate([np.full((1 + (q + b) % 3, 2), q, dtype) for q in range(size)])
+            else:
+                want = np.full(count, root, dtype)
+            wrong += not np.array_equal(got, want)
+        ops += len(specs)
+    return ops, wrong
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--soak", action="store_true", help="long run (default: a short one)")
     parser.add_argument("--ops", type=int, default=None, help="operations to run (default 10000 with --soak, else 300)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--chunk", type=int, default=500, help="ops per generated program")
+    parser.add_argument("--transport", default=None, help="RINGTRAIN_TRANSPORT for this run (shm, mpi, ...)")
+    parser.add_argument("--simulate-nodes", type=int, default=0, help="split the ranks into this many pretend nodes")
+    parser.add_argument("--cache-capacity", type=int, default=SOAK_CONFIG["cache_capacity"])
     args = parser.parse_args(argv)
     total_ops = args.ops or (10000 if args.soak else 300)
 
     import ringtrain as rt
     from mpi4py import MPI
-    rt.init(**SOAK_CONFIG)
+    config = dict(SOAK_CONFIG, cache_capacity=args.cache_capacity, simulate_nodes=args.simulate_nodes)
+    if args.transport:
+        config["transport"] = args.transport
+    rt.init(**config)
     rank, size = rt.rank(), rt.size()
     start = time.perf_counter()
-    ran = wrong = 0
-    chunk_index = 0
-    while ran < total_ops:
-        choose = NumpyChooser([args.seed, chunk_index])
-        program = random_program(choose, size, min(args.chunk, total_ops - ran))
-        r, w = run_program(rt, program, log=lambda msg: print(msg, file=sys.stderr, flush=True) if wrong < 20 else None)
-        ran += r
-        wrong += w
-        chunk_index += 1
+    messages = []
+    ran, wrong = run_soak(rt, args.seed, total_ops, args.chunk,
+                          log=lambda msg: messages.append(msg) if len(messages) < 20 else None)
     seconds = time.perf_counter() - start
+    for msg in messages:
+        print(msg, file=sys.stderr, flush=True)
     all_wrong = MPI.COMM_WORLD.allreduce(wrong, op=MPI.SUM)   # independent of ringtrain: the checker's own channel
     all_ran = MPI.COMM_WORLD.allreduce(ran, op=MPI.SUM)
     rt.shutdown()
     if rank == 0:
-        print(f"soak: ranks={size} ops={ran} (per rank; {all_ran} rank-ops) wrong={all_wrong} "
+        print(f"soak: ranks={size} ops={ran} (rank 0; {all_ran} rank-ops) wrong={all_wrong} "
               f"seconds={seconds:.1f} seed={args.seed}", flush=True)
+        if all_wrong:
+            print(f"soak FAILED; replay: mpiexec -n {size} python tests/soak.py --seed {args.seed} --ops {total_ops}"
+                  f" --chunk {args.chunk} --cache-capacity {args.cache_capacity}"
+                  + (f" --transport {args.transport}" if args.transport else "")
+                  + (f" --simulate-nodes {args.simulate_nodes}" if args.simulate_nodes else ""), flush=True)
     return 0 if all_wrong == 0 else 1
 
 

@@ -307,3 +307,18 @@ def test_shm_chunk_sweep_quick(tmp_path):
     assert table.strip() == stdout.strip()
     assert "1 MB chunks ms (vs one)" in table and "4 MB chunks ms (vs one)" in table
     assert [line.split()[0] for line in table.splitlines()[3:]] == ["1", "3"], table
+
+
+def test_soak_quick(tmp_path):
+    """benchmarks/soak.py in each mode, tiny: every line reports 0 wrong, ops/s and RSS, and the JSON matches it."""
+    out_json = str(tmp_path / "soak.jsonl")
+    for mode_args in (["--mode", "program", "--ops", "60"], ["--mode", "issue", "--loop-batches", "20",
+                                                             "--mix-batches", "10"],
+                      ["--mode", "names", "--names", "200", "--warmup", "100"]):
+        out = run_script([mpiexec(), "-n", "2", sys.executable, os.path.join(BENCH_DIR, "soak.py"), *mode_args,
+                          "--json", out_json], timeout=120)
+        assert f"soak[{mode_args[1]}]: ranks=2" in out and " wrong=0 " in out and "ops_per_s=" in out, out
+    records = [json.loads(line) for line in open(out_json)]
+    assert [r["mode"] for r in records] == ["program", "issue", "names"]
+    assert all(r["wrong"] == 0 and r["ops_per_rank"] > 0 and r["rss_end_mb"] > 0 for r in records)
+    assert records[2]["ops_per_rank"] == 200 and records[2]["rss_warm_mb"] is not None
