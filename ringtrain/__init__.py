@@ -4,7 +4,9 @@
     rt.init()
     total = rt.allreduce(np.ones(4, np.float32), op=rt.Sum)   # == size() everywhere
 
-The torch binding (Horovod names, DistributedOptimizer) is ringtrain.torch.
+Arrays are numpy arrays on the CPU and cupy arrays on GPUs; `bfloat16` is ml_dtypes' bfloat16 numpy dtype, which
+numpy itself lacks. The torch binding (Horovod names, DistributedOptimizer) is ringtrain.torch; TensorFlow's and
+Keras's are ringtrain.tensorflow and ringtrain.keras.
 """
 from . import errors
 from .collectives import (allgather, allgather_async, allgather_object, allreduce, allreduce_async, alltoall,

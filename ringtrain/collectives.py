@@ -90,7 +90,14 @@ def allreduce_async(array, op=Average, name=None, prescale_factor=1.0, postscale
     return _allreduce(array, op, name, prescale_factor, postscale_factor, out, False, process_set)
 
 
-def allreduce(array, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0, out=None, process_set=None):
+def allreduce(array, op=Average, name: "str | None" = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, out=None, process_set: "ProcessSet | None" = None):
+    """Reduce `array` over all ranks (of `process_set`) and return the result, a new array unless `out` is given
+    (`out=array` reduces in place). `op` is Average (the default: the sum divided by the number of ranks; integers
+    rounded toward zero, as Horovod), Sum, Min, Max or Product. The input is multiplied by `prescale_factor` before
+    the reduction and the result by `postscale_factor` after it. Ranks must call it with the same shape, dtype and op
+    under the same `name` (default: derived from the call order); a mismatch raises TensorMismatchError on every
+    rank."""
     to = route(process_set)
     op = as_op(op)
     out = _allreduce_out(array, out)
@@ -128,8 +135,10 @@ def grouped_allreduce_async(arrays, op=Average, name=None, prescale_factor=1.0, 
     return _grouped_allreduce(arrays, op, name, prescale_factor, postscale_factor, outs, False, process_set)
 
 
-def grouped_allreduce(arrays, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0, outs=None,
-                      process_set=None):
+def grouped_allreduce(arrays, op=Average, name: "str | None" = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0, outs=None, process_set: "ProcessSet | None" = None) -> list:
+    """Allreduce several arrays as one collective (one agreement, packed into one bucket) and return the list of
+    results; `outs=arrays` reduces them in place. Arguments as allreduce()."""
     return _grouped_allreduce(arrays, op, name, prescale_factor, postscale_factor, outs, True, process_set).wait()
 
 
@@ -241,7 +250,9 @@ def allgather_async(array, name=None, process_set=None):
     return _submit("allgather", array, name, to=to)
 
 
-def allgather(array, name=None, process_set=None):
+def allgather(array, name: "str | None" = None, process_set: "ProcessSet | None" = None):
+    """Every rank's array concatenated along dim 0, in rank order (within the set). Dim 0 may differ per rank; the
+    other dimensions and the dtype must match."""
     to = route(process_set)
     if np.ndim(array) == 0:
         raise ValueError("allgather needs an array with at least one dimension")
@@ -253,7 +264,8 @@ def grouped_allgather_async(arrays, name=None, process_set=None):
     return _grouped("grouped_allgather", lambda a, n: allgather_async(a, n, process_set), arrays, name, process_set)
 
 
-def grouped_allgather(arrays, name=None, process_set=None):
+def grouped_allgather(arrays, name: "str | None" = None, process_set: "ProcessSet | None" = None) -> list:
+    """allgather() of each array; returns the list of results."""
     return grouped_allgather_async(arrays, name, process_set).wait()
 
 
@@ -282,7 +294,10 @@ def _broadcast(array, root_rank, name, out, sync, process_set):
     return _submit("broadcast", array, name, root=root, out=out, sync=sync, to=to)
 
 
-def broadcast(array, root_rank=0, name=None, out=None, process_set=None):
+def broadcast(array, root_rank: int = 0, name: "str | None" = None, out=None,
+              process_set: "ProcessSet | None" = None):
+    """`root_rank`'s array on every rank: a new array, or written into `out` (`out=array` in place). `root_rank` is a
+    world rank, also for a process set."""
     return _broadcast(array, root_rank, name, out, True, process_set).wait()
 
 
@@ -304,7 +319,10 @@ def alltoall_async(array, splits=None, name=None, process_set=None):
     return _submit("alltoall", array, name, splits=splits, to=to)
 
 
-def alltoall(array, splits=None, name=None, process_set=None):
+def alltoall(array, splits=None, name: "str | None" = None, process_set: "ProcessSet | None" = None) -> tuple:
+    """Send rows `splits[j]` of `array` (consecutive blocks of dim 0) to rank j of the set and return (the rows
+    received from every rank, concatenated in rank order; how many came from each). Without `splits`, dim 0 is cut
+    into equal blocks."""
     return alltoall_async(array, splits, name, process_set).wait()
 
 
@@ -317,7 +335,10 @@ def reducescatter_async(array, op=Average, name=None, process_set=None, prescale
     return _submit("reducescatter", array, name, op=op, op_obj=op, scales=(prescale_factor, postscale_factor), to=to)
 
 
-def reducescatter(array, op=Average, name=None, process_set=None, prescale_factor=1.0, postscale_factor=1.0):
+def reducescatter(array, op=Average, name: "str | None" = None, process_set: "ProcessSet | None" = None,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0):
+    """Reduce `array` over the ranks as allreduce() does, and return only this rank's block of dim 0 (dim 0 split as
+    evenly as possible, the first blocks one row larger)."""
     return reducescatter_async(array, op, name, process_set, prescale_factor, postscale_factor).wait()
 
 
@@ -329,8 +350,9 @@ def grouped_reducescatter_async(arrays, op=Average, name=None, process_set=None,
                     arrays, name, process_set)
 
 
-def grouped_reducescatter(arrays, op=Average, name=None, process_set=None, prescale_factor=1.0,
-                          postscale_factor=1.0):
+def grouped_reducescatter(arrays, op=Average, name: "str | None" = None, process_set: "ProcessSet | None" = None,
+                          prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list:
+    """reducescatter() of each array under one handle; returns the list of this rank's blocks."""
     return grouped_reducescatter_async(arrays, op, name, process_set, prescale_factor, postscale_factor).wait()
 
 
@@ -366,7 +388,7 @@ def allgather_object(obj, name=None, process_set=None):
     return out
 
 
-def join():
+def join() -> int:
     """This rank has no more data. Until every rank has joined, it takes part in the others' allreduces with zeros
     (Average still divides by size()). Returns the rank that joined last."""
     eng = state.engine()
@@ -375,11 +397,14 @@ def join():
     return handle.wait()
 
 
-def synchronize(handle):
+def synchronize(handle: Handle):
+    """Block until the collective behind `handle` finishes and return its result (the same as handle.wait()); an error
+    of the collective is raised here."""
     return handle.wait()
 
 
-def poll(handle):
+def poll(handle: Handle) -> bool:
+    """True once the collective behind `handle` has finished (successfully or not); never blocks."""
     return handle.poll()
 
 

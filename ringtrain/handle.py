@@ -9,6 +9,9 @@ import time
 
 
 class Handle:
+    """The result of an asynchronous collective (`allreduce_async` and friends). `wait(timeout=None)` blocks until it
+    finishes and returns its result, or raises its error; `poll()` says whether it has finished without blocking.
+    `times` holds time.perf_counter() stamps: 'submitted', 'started' (its bucket entered the ring), 'finished'."""
     __slots__ = ("names", "_done", "_event", "_result", "_error", "_done_event", "_driver", "times")
 
     def __init__(self, names, driver=None):

@@ -8,6 +8,9 @@ from .errors import UnsupportedDtypeError, UnsupportedOperationError
 
 
 class ReduceOp(enum.IntEnum):
+    """How a collective combines the ranks' values, element by element: Sum, Average (the sum divided by the number
+    of ranks; integers rounded toward zero, as Horovod), Min, Max or Product. Adasum exists for Horovod's
+    signatures and raises UnsupportedOperationError."""
     AVERAGE = 0
     SUM = 1
     MIN = 2

@@ -109,7 +109,8 @@ def _shutdown_at_exit():
         pass
 
 
-def is_initialized():
+def is_initialized() -> bool:
+    """True between init() and shutdown()."""
     return _state is not None
 
 
@@ -127,44 +128,53 @@ def topology():
     return _get()[0]
 
 
-def rank():
+def rank() -> int:
+    """This process's rank in the world, 0 .. size() - 1."""
     return _get()[0].rank
 
 
-def size():
+def size() -> int:
+    """The number of ranks in the world."""
     return _get()[0].size
 
 
-def local_rank():
+def local_rank() -> int:
+    """This process's rank among the ranks of its node (the GPU it is bound to is local_rank % device count)."""
     return _get()[0].local_rank
 
 
-def local_size():
+def local_size() -> int:
+    """The number of ranks on this process's node."""
     return _get()[0].local_size
 
 
-def cross_rank():
+def cross_rank() -> int:
+    """The index of this process's node among the nodes (its rank among the ranks with the same local_rank)."""
     return _get()[0].cross_rank
 
 
-def cross_size():
+def cross_size() -> int:
+    """The number of nodes (the number of ranks with this process's local_rank)."""
     return _get()[0].cross_size
 
 
-def gpu_device():
+def gpu_device() -> "int | None":
     """The id of the GPU bound at init(), or None on the CPU path."""
     return _get()[3]
 
 
 def config():
+    """The settings in force (a ringtrain.config.Config): RINGTRAIN_* environment variables and init() keywords."""
     return _get()[2]
 
 
-def transport_name(device="cpu"):
+def transport_name(device: str = "cpu") -> str:
+    """The name of the transport the engine uses for arrays on `device` ("cpu" or "cuda"), e.g. "shm", "mpi",
+    "hierarchical(shm+mpi)", "nccl"."""
     return _get()[1].transport_name(device)
 
 
-def is_homogeneous():
+def is_homogeneous() -> bool:
     """True when every node runs the same number of ranks."""
     return _get()[0].homogeneous
 
