@@ -36,7 +36,8 @@ def init(comm=None, process_sets=None, **config_overrides):
     return _core.init(comm, process_sets=process_sets, **config_overrides)
 
 
-def is_homogeneous():
+def is_homogeneous() -> bool:
+    """True when every node runs the same number of ranks."""
     return _core.is_homogeneous()
 
 
@@ -45,43 +46,52 @@ def start_timeline(file_path, mark_cycles=False):
     return _core.start_timeline(file_path, mark_cycles)
 
 
-def stop_timeline():
+def stop_timeline() -> None:
+    """Stop writing the timeline and close its file."""
     return _core.stop_timeline()
 
 
-def shutdown():
+def shutdown() -> None:
+    """Stop ringtrain on this rank: finish pending collectives, stop the engine, free its resources."""
     return _core.shutdown()
 
 
-def is_initialized():
+def is_initialized() -> bool:
+    """True between init() and shutdown()."""
     return _core.is_initialized()
 
 
-def rank():
+def rank() -> int:
+    """This process's rank in the world, 0 .. size() - 1."""
     return _core.rank()
 
 
-def size():
+def size() -> int:
+    """The number of ranks in the world."""
     return _core.size()
 
 
-def local_rank():
+def local_rank() -> int:
+    """This process's rank among the ranks of its node."""
     return _core.local_rank()
 
 
-def local_size():
+def local_size() -> int:
+    """The number of ranks on this process's node."""
     return _core.local_size()
 
 
-def cross_rank():
+def cross_rank() -> int:
+    """The index of this process's node among the nodes."""
     return _core.cross_rank()
 
 
-def cross_size():
+def cross_size() -> int:
+    """The number of nodes."""
     return _core.cross_size()
 
 
-def device():
+def device() -> torch.device:
     """torch.device of the GPU bound to this rank at init, or cpu on machines without one."""
     gpu = _core.gpu_device()
     return torch.device("cpu") if gpu is None else torch.device("cuda", gpu)
@@ -182,8 +192,9 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     return TensorHandle(handle, lambda _result: copy_back(tensor, work))
 
 
-def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-               process_set=global_process_set):
+def allreduce_(tensor: torch.Tensor, average=None, name: "str | None" = None, op=None, prescale_factor: float = 1.0,
+               postscale_factor: float = 1.0, process_set=global_process_set) -> torch.Tensor:
+    """Allreduce `tensor` in place (default op: Average) and return it. Arguments as allreduce()."""
     # the core's synchronous call: this thread drives the engine itself, the engine thread is not woken
     op, work, array = _in_place(tensor, average, op)
     _core.allreduce(array, op=op, name=name, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
@@ -226,8 +237,9 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     return TensorHandle(handle, lambda _results: [copy_back(t, w) for t, w in zip(tensors, works)])
 
 
-def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                       process_set=global_process_set):
+def grouped_allreduce_(tensors, average=None, name: "str | None" = None, op=None, prescale_factor: float = 1.0,
+                       postscale_factor: float = 1.0, process_set=global_process_set) -> list:
+    """Allreduce several tensors in place as one collective and return the list of them."""
     return grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
                                     process_set).wait()
 
@@ -290,7 +302,8 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
     return TensorHandle(handle, from_array)
 
 
-def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+def grouped_allgather_async(tensors, name: "str | None" = None, process_set=global_process_set):
+    """Start an allgather of each tensor under one handle; synchronize(handle) returns the list of results."""
     handle = _core.grouped_allgather_async([to_array(contiguous(t)) for t in tensors], name=name,
                                            process_set=process_set)
     return TensorHandle(handle, lambda results: [from_array(r) for r in results])
@@ -311,7 +324,9 @@ def broadcast_async_(tensor, root_rank=0, name=None, process_set=global_process_
     return TensorHandle(handle, lambda _result: copy_back(tensor, work))
 
 
-def broadcast_(tensor, root_rank=0, name=None, process_set=global_process_set):
+def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: "str | None" = None,
+               process_set=global_process_set) -> torch.Tensor:
+    """Overwrite `tensor` with `root_rank`'s tensor (a world rank) and return it."""
     return broadcast_async_(tensor, root_rank, name, process_set).wait()
 
 
@@ -338,8 +353,9 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     return TensorHandle(handle, from_array)
 
 
-def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
-                                prescale_factor=1.0, postscale_factor=1.0):
+def grouped_reducescatter_async(tensors, name: "str | None" = None, op=Average, process_set=global_process_set,
+                                prescale_factor: float = 1.0, postscale_factor: float = 1.0):
+    """Start a reducescatter of each tensor under one handle; synchronize(handle) returns this rank's blocks."""
     handle = _core.grouped_reducescatter_async([to_array(contiguous(t)) for t in tensors], op=as_op(op), name=name,
                                                process_set=process_set, prescale_factor=prescale_factor,
                                                postscale_factor=postscale_factor)
