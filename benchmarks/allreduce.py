@@ -1,6 +1,12 @@
 """Allreduce bandwidth and latency of ringtrain's transports against the library collectives, in one run.
 
-    mpiexec -n 2 python benchmarks/allreduce.py --json out.json --png out.png [--quick]
+    mpiexec -n 2 python benchmarks/allreduce.py --json out.json --png out.png    # about a minute on 2 cores
+    mpiexec -n 2 python benchmarks/allreduce.py --full        # every dtype, 4 B..256 MB, every implementation
+    mpiexec -n 2 python benchmarks/allreduce.py --quick       # float32, 4 KB..1 MB, short timings (the tests)
+
+The default run is float32 from 4 KB to 64 MB for the public API (numpy, torch, empty_shared), the shm and mpi
+transports (through the API and alone), MPI_Allreduce, torch gloo and Horovod (where installed), and the GPU
+implementations where there is a GPU. Rank 0 shows a progress bar (tqdm, on stderr) whose estimate weighs each point by its expected cost.
 
 Implementations (each skipped with a printed reason where it cannot run here):
   ringtrain-<t>      rt.allreduce(x, op=rt.Sum) through the public API with rt.init(transport=t), t in shm, mpi
@@ -531,7 +537,7 @@ def agree(comm, ok):
     return comm.allreduce(bool(ok), op=MPI.LAND)
 
 
-def run_impl(impl, comm, sizes, dtypes, args, log):
+def run_impl(impl, comm, sizes, dtypes, args, log, progress):
     records, rank, ranks = [], comm.Get_rank(), comm.Get_size()
     reason = failure = None
     try:
@@ -548,6 +554,7 @@ def run_impl(impl, comm, sizes, dtypes, args, log):
         log(f"# {impl.name}: skipped ({reasons[0]})")
         if reason is None:
             impl.stop()
+        progress.advance(sum(expected_seconds(n, args) for n in sizes) * len(dtypes), f"{impl.name} skipped")
         return records, f"skipped: {reasons[0]}"
     note = "ok"
     for dtype_name in dtypes:
@@ -563,6 +570,7 @@ def run_impl(impl, comm, sizes, dtypes, args, log):
                 problem = str(exc)
             if not agree(comm, problem is None):
                 log(f"# {impl.name} {dtype_name}: skipped ({problem or 'another rank could not run it'})")
+                progress.advance(sum(expected_seconds(n, args) for n in sizes if n >= nbytes), f"{impl.name} skipped")
                 break
             wrong = count_wrong(result, make_expected(ranks, count))
             wrong = comm.allreduce(wrong, op=MPI.SUM)
@@ -573,29 +581,75 @@ def run_impl(impl, comm, sizes, dtypes, args, log):
                             "busbw_gbps": common.bus_bandwidth(algbw, ranks), "wrong": wrong, "calls": calls})
             if wrong:
                 note = "WRONG RESULTS"
+            progress.advance(expected_seconds(nbytes, args), f"{impl.name} {dtype_name} {common.human_bytes(nbytes)}")
     impl.stop()
     return records, note
+
+
+# What each run covers unless flags say otherwise: dtypes, min and max bytes, timed batches per size, seconds per batch,
+# and the implementations ("" = all). The default measures what the docs' tables quote, in about a minute on 2 cores.
+DEFAULT_IMPLS = ("ringtrain-shm,ringtrain-torch-shm,ringtrain-shm-shared,ringtrain-shm-raw,ringtrain-mpi,ringtrain-mpi-raw,"
+                 "MPI_Allreduce,torch-gloo,horovod,ringtrain-cuda_ipc,ringtrain-nccl,nccl")
+RUN_SETTINGS = {
+    "quick": ("float32", 4096, 1 << 20, 3, 0.005, ""),
+    "default": ("float32", 4096, 64 << 20, 9, 0.04, DEFAULT_IMPLS),
+    "full": ("float32,float16,bfloat16", 4, 256 << 20, 7, 0.03, ""),
+}
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", help="write the records here")
     parser.add_argument("--png", help="plot busbw vs size here")
-    parser.add_argument("--quick", action="store_true", help="float32, 4 KB..1 MB, short timings (< 1 minute)")
-    parser.add_argument("--impls", default="", help="comma-separated subset of implementation names")
-    parser.add_argument("--dtypes", default=None, help="comma-separated, default float32,float16,bfloat16")
+    run = parser.add_mutually_exclusive_group()
+    run.add_argument("--quick", action="store_true", help="float32, 4 KB..1 MB, short timings (< 1 minute)")
+    run.add_argument("--full", action="store_true",
+                     help="every dtype (float32, float16, bfloat16), 4 B..256 MB, every implementation (~20 minutes)")
+    parser.add_argument("--impls", default=None, help="comma-separated subset of implementation names")
+    parser.add_argument("--dtypes", default=None, help="comma-separated dtypes (default float32)")
     parser.add_argument("--min-bytes", type=int, default=None)
     parser.add_argument("--max-bytes", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None, help="timed batches per size (median reported)")
     parser.add_argument("--batch-seconds", type=float, default=None, help="target length of one timed batch")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
-    quick = args.quick
-    args.dtypes = (args.dtypes or ("float32" if quick else "float32,float16,bfloat16")).split(",")
-    args.min_bytes = args.min_bytes or (4096 if quick else 4)
-    args.max_bytes = args.max_bytes or ((1 << 20) if quick else (256 << 20))
-    args.repeats = args.repeats or (3 if quick else 7)
-    args.batch_seconds = args.batch_seconds or (0.005 if quick else 0.03)
+    dtypes, min_bytes, max_bytes, repeats, batch_seconds, impls = RUN_SETTINGS[
+        "quick" if args.quick else "full" if args.full else "default"]
+    args.dtypes = (args.dtypes or dtypes).split(",")
+    args.min_bytes = args.min_bytes or min_bytes
+    args.max_bytes = args.max_bytes or max_bytes
+    args.repeats = args.repeats or repeats
+    args.batch_seconds = args.batch_seconds or batch_seconds
+    args.impls = impls if args.impls is None else args.impls
     return args
+
+
+def expected_seconds(nbytes, args):
+    """A rough cost of measuring one size: the timed batches, plus warm-up and checking calls that each move the
+    buffer at about 1 GB/s (the slower peers' speed here). Only the progress bar's estimate uses it."""
+    calls = WARMUP_CALLS + args.repeats + 2
+    return 0.05 + WARMUP_S + args.repeats * args.batch_seconds + calls * nbytes / 1e9
+
+
+class Progress:
+    """tqdm on rank 0 counting expected seconds, so its estimate of the time left is not fooled by the cheap small
+    sizes coming first; a no-op elsewhere or with --no-progress."""
+
+    def __init__(self, enabled, total_seconds):
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+            self.bar = tqdm(total=total_seconds, desc="allreduce benchmark", file=sys.stderr,
+                            bar_format="{l_bar}{bar}| [{elapsed}<{remaining}] {postfix}")
+
+    def advance(self, seconds, where):
+        if self.bar is not None:
+            self.bar.set_postfix_str(where, refresh=False)
+            self.bar.update(min(seconds, self.bar.total - self.bar.n))     # float sums may overshoot the total
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
 
 
 def main(argv=None):
@@ -615,8 +669,13 @@ def main(argv=None):
         f"with all {ranks} copying (the roof used for of_memcpy)")
 
     records, notes = [], {}
-    for impl in build_impls(comm, args.impls):
-        impl_records, notes[impl.name] = run_impl(impl, comm, sizes, args.dtypes, args, log)
+    impls = build_impls(comm, args.impls)
+    planned = len(impls) * len(args.dtypes) * sum(expected_seconds(n, args) for n in sizes)
+    log(f"# {len(impls)} implementations x {len(args.dtypes)} dtypes x {len(sizes)} sizes: at most about "
+        f"{planned / 60:.1f} minutes, less where implementations skip (--full: the whole sweep)")
+    progress = Progress(rank == 0 and not args.no_progress, planned)
+    for impl in impls:
+        impl_records, notes[impl.name] = run_impl(impl, comm, sizes, args.dtypes, args, log, progress)
         for r in impl_records:
             r["memcpy_gbps"] = memcpy_all
         records += impl_records
@@ -624,6 +683,7 @@ def main(argv=None):
             log("")
             log(common.allreduce_table(records, impl.name, roof_gbps=memcpy_all))
 
+    progress.close()
     if rank == 0:
         if any(r["impl"] == "MPI_Allreduce" for r in records):
             print()
