@@ -83,8 +83,8 @@ def _enqueue(to, name, meta, array, out, sync):
 
 
 # ------------------------------------------------------------------------------------------------ allreduce
-def allreduce_async(array, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0, out=None,
-                    process_set=None):
+def allreduce_async(array, op=Average, name: "str | None" = None, prescale_factor: float = 1.0,
+                    postscale_factor: float = 1.0, out=None, process_set: "ProcessSet | None" = None) -> Handle:
     """Reduce `array` over all ranks (of `process_set`). `out=array` reduces in place. Average divides by the number
     of ranks (integers: rounded toward zero, as Horovod)."""
     return _allreduce(array, op, name, prescale_factor, postscale_factor, out, False, process_set)
@@ -128,8 +128,9 @@ def _allreduce(array, op, name, prescale_factor, postscale_factor, out, sync, pr
                    sync=sync, to=to)
 
 
-def grouped_allreduce_async(arrays, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0, outs=None,
-                            process_set=None):
+def grouped_allreduce_async(arrays, op=Average, name: "str | None" = None, prescale_factor: float = 1.0,
+                            postscale_factor: float = 1.0, outs=None,
+                            process_set: "ProcessSet | None" = None) -> Handle:
     """Many arrays as ONE collective: one name, one agreement, one handle, packed back to back into one bucket.
     wait() returns the list of results (the `outs` themselves when given, e.g. outs=arrays for in place)."""
     return _grouped_allreduce(arrays, op, name, prescale_factor, postscale_factor, outs, False, process_set)
@@ -241,7 +242,7 @@ def _grouped(kind, start, arrays, name, process_set):
 
 
 # ------------------------------------------------------------------------------------------------ others
-def allgather_async(array, name=None, process_set=None):
+def allgather_async(array, name: "str | None" = None, process_set: "ProcessSet | None" = None) -> Handle:
     """Concatenate every rank's array along dim 0 (dim 0 may differ per rank; the rest must match), in rank order
     (within the set)."""
     to = route(process_set)
@@ -259,7 +260,7 @@ def allgather(array, name: "str | None" = None, process_set: "ProcessSet | None"
     return _submit("allgather", array, name, sync=True, to=to).wait()
 
 
-def grouped_allgather_async(arrays, name=None, process_set=None):
+def grouped_allgather_async(arrays, name: "str | None" = None, process_set: "ProcessSet | None" = None) -> Handle:
     """allgather of each array under one handle; wait() returns the list of results."""
     return _grouped("grouped_allgather", lambda a, n: allgather_async(a, n, process_set), arrays, name, process_set)
 
@@ -278,7 +279,8 @@ def _check_root(root_rank, what, to):
     return to.set_rank(int(root_rank), what)
 
 
-def broadcast_async(array, root_rank=0, name=None, out=None, process_set=None):
+def broadcast_async(array, root_rank: int = 0, name: "str | None" = None, out=None,
+                    process_set: "ProcessSet | None" = None) -> Handle:
     """Every rank gets root_rank's array. `out=array` broadcasts in place. root_rank is a world rank."""
     return _broadcast(array, root_rank, name, out, False, process_set)
 
@@ -301,7 +303,7 @@ def broadcast(array, root_rank: int = 0, name: "str | None" = None, out=None,
     return _broadcast(array, root_rank, name, out, True, process_set).wait()
 
 
-def alltoall_async(array, splits=None, name=None, process_set=None):
+def alltoall_async(array, splits=None, name: "str | None" = None, process_set: "ProcessSet | None" = None) -> Handle:
     """Send rows splits[j] of `array` (in order) to rank j (of the set); wait() returns (received array, received
     splits)."""
     to = route(process_set)
@@ -326,7 +328,8 @@ def alltoall(array, splits=None, name: "str | None" = None, process_set: "Proces
     return alltoall_async(array, splits, name, process_set).wait()
 
 
-def reducescatter_async(array, op=Average, name=None, process_set=None, prescale_factor=1.0, postscale_factor=1.0):
+def reducescatter_async(array, op=Average, name: "str | None" = None, process_set: "ProcessSet | None" = None,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
     """Reduce over ranks, then keep this rank's block of dim 0 (split as evenly as possible, first blocks larger)."""
     to = route(process_set)
     op = as_op(op)
@@ -342,8 +345,9 @@ def reducescatter(array, op=Average, name: "str | None" = None, process_set: "Pr
     return reducescatter_async(array, op, name, process_set, prescale_factor, postscale_factor).wait()
 
 
-def grouped_reducescatter_async(arrays, op=Average, name=None, process_set=None, prescale_factor=1.0,
-                                postscale_factor=1.0):
+def grouped_reducescatter_async(arrays, op=Average, name: "str | None" = None,
+                                process_set: "ProcessSet | None" = None, prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0) -> Handle:
     """reducescatter of each array under one handle; wait() returns the list of this rank's blocks."""
     return _grouped("grouped_reducescatter",
                     lambda a, n: reducescatter_async(a, op, n, process_set, prescale_factor, postscale_factor),
@@ -356,13 +360,13 @@ def grouped_reducescatter(arrays, op=Average, name: "str | None" = None, process
     return grouped_reducescatter_async(arrays, op, name, process_set, prescale_factor, postscale_factor).wait()
 
 
-def barrier(name=None, process_set=None):
+def barrier(name: "str | None" = None, process_set: "ProcessSet | None" = None) -> None:
     """Returns once every rank (of `process_set`) has called barrier()."""
     _submit("barrier", np.zeros(0, np.uint8), name, sync=True, to=route(process_set)).wait()
 
 
 # ------------------------------------------------------------------------------------------------ objects
-def broadcast_object(obj, root_rank=0, name=None, process_set=None):
+def broadcast_object(obj, root_rank: int = 0, name: "str | None" = None, process_set: "ProcessSet | None" = None):
     """root's object on every rank, by pickle. Unpickling runs code from the root: trusted peers only."""
     to = route(process_set)
     _check_root(root_rank, "broadcast_object", to)
@@ -375,7 +379,7 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=None):
     return obj if is_root else pickle.loads(data.tobytes())
 
 
-def allgather_object(obj, name=None, process_set=None):
+def allgather_object(obj, name: "str | None" = None, process_set: "ProcessSet | None" = None) -> list:
     """List of every rank's object (pickled; trusted peers only), in rank order within the set."""
     base = _name("allgather_object", name, route(process_set))
     payload = np.frombuffer(pickle.dumps(obj), np.uint8)

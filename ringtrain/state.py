@@ -68,7 +68,7 @@ def _bind_gpu(local_rank):
         return None
 
 
-def shutdown():
+def shutdown() -> None:
     """Stop the engine once every rank has called shutdown(). Safe to call twice; init() may be called again."""
     global _state
     if _state is None:
@@ -179,7 +179,7 @@ def is_homogeneous() -> bool:
     return _get()[0].homogeneous
 
 
-def start_timeline(file_path, mark_cycles=False):
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     """Start (or restart into another file) the Chrome-trace timeline at run time, as RINGTRAIN_TIMELINE does at
     init: rank 0 writes file_path (every rank, file.rank<r>.ext, with RINGTRAIN_TIMELINE_ALL_RANKS). mark_cycles
     is accepted for Horovod's signature; the engine has no cycles to mark."""
@@ -195,7 +195,7 @@ def start_timeline(file_path, mark_cycles=False):
         previous.close()
 
 
-def stop_timeline():
+def stop_timeline() -> None:
     """Close the timeline file (valid JSON from then on); later events are dropped until start_timeline()."""
     timeline = engine().timeline
     if timeline is not None:
