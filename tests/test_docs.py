@@ -55,6 +55,15 @@ def test_every_error_class_has_a_troubleshooting_section():
     assert not missing, f"docs/troubleshooting.md has no '## <name>' section (cause and fix) for {missing}"
 
 
+def test_every_setting_is_in_the_environment_page():
+    from ringtrain.config import Config
+    import dataclasses
+    page = read(os.path.join(REPO, "docs", "environment.md"))
+    missing = [f"RINGTRAIN_{f.name.upper()}" for f in dataclasses.fields(Config)
+               if f"`RINGTRAIN_{f.name.upper()}`" not in page]
+    assert not missing, f"docs/environment.md does not list {missing}"
+
+
 def expand_braces(token):
     """allreduce_run{1,2}.{json,txt} -> allreduce_run1.json, allreduce_run1.txt, ..."""
     parts = re.split(r"\{([^}]*)\}", token)
