@@ -23,7 +23,7 @@ from .set_registry import (ProcessSet, _world_ranks_of, global_process_set,  # n
                            process_sets)
 
 
-def add_process_set(process_set):
+def add_process_set(process_set) -> "ProcessSet":
     """Register a process set; collective: every rank of the world calls it, with the same ranks, in the same order
     as its other add/remove calls. Accepts a ProcessSet or a list of world ranks; returns the registered ProcessSet."""
     if not isinstance(process_set, ProcessSet):
@@ -39,7 +39,7 @@ def add_process_set(process_set):
     return set_registry.create(process_set, everyone, world, state.config())
 
 
-def remove_process_set(process_set):
+def remove_process_set(process_set) -> None:
     """Unregister a process set and stop its engine; collective over the world like add_process_set.
     Returns False for the global set (which cannot be removed), True otherwise."""
     set_id = getattr(process_set, "process_set_id", None)

@@ -75,7 +75,7 @@ class _GroupedAllreduce(torch.autograd.Function):
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
-              postscale_factor=1.0, process_set=global_process_set):
+              postscale_factor=1.0, process_set=global_process_set) -> torch.Tensor:
     """Reduce `tensor` over the ranks of `process_set` (default: Average) into a new tensor; differentiable.
     `compression` casts it for the wire (e.g. Compression.fp16) and back."""
     return grouped_allreduce([tensor], average, name, compression, op, prescale_factor, postscale_factor,
@@ -83,7 +83,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
-                      postscale_factor=1.0, process_set=global_process_set):
+                      postscale_factor=1.0, process_set=global_process_set) -> list:
     """allreduce of each tensor, negotiated and fused as one group; differentiable. Returns a list."""
     compressed = [compression.compress(t) for t in tensors]
     results = _GroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor, process_set,
@@ -104,12 +104,12 @@ class _GroupedAllgather(torch.autograd.Function):
         return (None, None) + tuple(_backward("allgather", grad_outputs, **ctx.forward))
 
 
-def allgather(tensor, name=None, process_set=global_process_set):
+def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor:
     """Concatenate every rank's tensor along dim 0 (dim 0 may differ per rank); differentiable."""
     return _GroupedAllgather.apply(name, process_set, tensor)[0]
 
 
-def grouped_allgather(tensors, name=None, process_set=global_process_set):
+def grouped_allgather(tensors, name=None, process_set=global_process_set) -> list:
     """allgather of each tensor under one handle; differentiable. Returns a list."""
     return list(_GroupedAllgather.apply(name, process_set, *tensors))
 
@@ -126,7 +126,7 @@ class _Broadcast(torch.autograd.Function):
         return grad, None, None, None
 
 
-def broadcast(tensor, root_rank=0, name=None, process_set=global_process_set):
+def broadcast(tensor, root_rank=0, name=None, process_set=global_process_set) -> torch.Tensor:
     """root_rank's `tensor` on every rank of the set, as a new tensor; differentiable. root_rank is a world rank."""
     return _Broadcast.apply(tensor, root_rank, name, process_set)
 
@@ -170,14 +170,14 @@ class _GroupedReducescatter(torch.autograd.Function):
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average, process_set=global_process_set,
-                  prescale_factor=1.0, postscale_factor=1.0):
+                  prescale_factor=1.0, postscale_factor=1.0) -> torch.Tensor:
     """Reduce over the set's ranks and keep this rank's block of dim 0 (first blocks larger when it does not
     divide); differentiable."""
     return grouped_reducescatter([tensor], name, compression, op, process_set, prescale_factor, postscale_factor)[0]
 
 
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
-                          process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+                          process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0) -> list:
     """reducescatter of each tensor under one handle; differentiable. Returns a list."""
     compressed = [compression.compress(t) for t in tensors]
     results = _GroupedReducescatter.apply(name, op, process_set, prescale_factor, postscale_factor,

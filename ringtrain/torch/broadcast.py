@@ -72,7 +72,7 @@ def _replace(obj, kind, fn):
     return obj
 
 
-def broadcast_optimizer_state(optimizer, root_rank=0, model=None, process_set=global_process_set):
+def broadcast_optimizer_state(optimizer, root_rank: int = 0, model=None, process_set=global_process_set) -> None:
     """Make every rank's optimizer state and hyper-parameters (lr, momentum, ...) equal root_rank's (a world rank;
     with `process_set`, among the set's ranks only).
 

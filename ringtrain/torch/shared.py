@@ -8,7 +8,7 @@ import torch
 import ringtrain as _core
 
 
-def empty_shared(*size, dtype=torch.float32):
+def empty_shared(*size: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Like torch.empty(*size, dtype=dtype) on the CPU, in the shared window when the host transport has one."""
     shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size
     # the window's bytes reinterpreted as `dtype` (bfloat16 included, which numpy lacks)
