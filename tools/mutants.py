@@ -59,6 +59,8 @@ FUSED = "tests/parallel/test_fused_allreduce.py"
 OPTIMIZER_REFERENCE = "tests/parallel/test_optimizer_reference.py"
 HIERARCHICAL = "tests/parallel/test_hierarchical.py"
 EXPRESS = "tests/parallel/test_express.py"
+JAX_GRADIENTS = "tests/parallel_jax/test_jax_gradients.py"
+JAX_OPTIMIZER = "tests/parallel_jax/test_jax_optimizer.py"
 SHARDED = "tests/parallel/test_sharded_optimizer.py"
 
 MUTANTS = [
@@ -305,6 +307,28 @@ MUTANTS = [
            "    return",
            (Tests((SHARDED,), ranks=2, select="next_forward"),),
            "gather_parameters='forward': a module's forward runs on the parameters of the step before"),
+    Mutant("jax_allgather_gradient_keeps_rank0_rows", "ringtrain/jax/gradients.py",
+           "start = process_set.rank() * rows",
+           "start = 0",
+           (Tests((JAX_GRADIENTS,), ranks=2, select="allgather"),),
+           "jax.grad through an allgather gives every rank the first rank's rows of the averaged cotangent"),
+    Mutant("jax_bucket_average_lost", "ringtrain/jax/optimizer.py",
+           "self.reducer.submit(bucket, [bucket.buffer], sync=sync)",
+           "self.reducer.submit(bucket, [bucket.buffer.copy()], sync=sync)",
+           (Tests((JAX_OPTIMIZER,), ranks=2, select="equal_one_process"),),
+           "DistributedOptimizer allreduces a temporary copy of each bucket: the update uses this rank's gradient"),
+    Mutant("jax_ordering_token_dropped", "ringtrain/jax/host_call.py",
+           "        token = ctx.tokens_in.get(COLLECTIVE)\n"
+           "        results, token, _ = emit_python_callback(ctx, callback, token, list(operands), ctx.avals_in, "
+           "ctx.avals_out,\n"
+           "                                                 has_side_effect=True, returns_token=True)\n"
+           "        ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet({COLLECTIVE: token})))",
+           "        results, token, _ = emit_python_callback(ctx, callback, None, list(operands), ctx.avals_in, "
+           "ctx.avals_out,\n"
+           "                                                 has_side_effect=True, returns_token=False)\n"
+           "        ctx.set_tokens_out(ctx.tokens_in)",
+           (Tests(("tests/test_jax_host_call.py",)),),
+           "collectives lower without the ordering token: XLA may run independent ones in another order"),
 ]
 
 

@@ -1,0 +1,284 @@
+"""JAX training throughput at 1..N ranks: ringtrain.jax's DistributedOptimizer against mpi4jax's allreduce in the
+same training loop, against JAX's own multi-process CPU collectives, and against the no-communication ceiling.
+
+    python benchmarks/jax_scaling.py --max-ranks 2 --json out.json [--quick]
+
+The script launches itself under `mpiexec -n N` (do not start it under mpiexec yourself). Every N trains the same
+MLP (optax SGD with momentum) on a synthetic per-rank batch, one jitted step per iteration, in these modes:
+  no-comm      optax alone, no communication: the ceiling (N independent processes)
+  ringtrain    hvd.DistributedOptimizer: all gradient leaves in one ordered host call, bucketed allreduce
+  mpi4jax      mpi4jax.allreduce(g, op=MPI.SUM) / N on every gradient leaf, then optax (mpi4jax's own way: one
+               MPI_Allreduce per array, each an XLA FFI custom call without Python)
+  jax-gloo     jax.distributed + a shard_map'd psum over one CPU device per process (gloo collectives), then optax
+The first three share one job per N, interleaved in rounds (the median round is reported); jax.distributed must
+be set up before JAX starts, so jax-gloo runs in a job of its own. steps/s is per rank (ranks step in lockstep);
+"vs mpi4jax" is steps/s over mpi4jax's in the same job; efficiency = steps/s(N) / steps/s(1 rank, no-comm).
+Correctness: each distributed mode must end with the same parameters on every rank, and ringtrain, mpi4jax and
+jax-gloo must agree with each other (same data, same averaged gradients) to float tolerance: "#wrong" counts
+parameters that do not.
+"""
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import common
+from train_scaling import mpiexec_path   # sibling benchmark: the same mpiexec lookup
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(BENCH_DIR)
+sys.path.append(REPO_ROOT)   # run from a source checkout without pip install
+
+SHARED_MODES = ("no-comm", "ringtrain", "mpi4jax")
+PARAM_TOLERANCE = 1e-4
+
+
+# ---------------------------------------------------------------- worker (one MPI rank)
+
+def model_and_data(args, rank):
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    sizes = [args.features] + [args.hidden] * args.layers + [10]
+    keys = jax.random.split(jax.random.PRNGKey(0), len(sizes) - 1)
+    params = [{"w": jax.random.normal(k, (a, b), jnp.float32) / np.sqrt(a), "b": jnp.zeros(b, jnp.float32)}
+              for k, a, b in zip(keys, sizes, sizes[1:])]
+    rng = np.random.default_rng(1 + rank)
+    x = rng.standard_normal((args.batch_size, args.features)).astype(np.float32)
+    y = rng.integers(0, 10, args.batch_size)
+
+    def loss(params, x, y):
+        import optax
+        h = x
+        for layer in params[:-1]:
+            h = jax.nn.relu(h @ layer["w"] + layer["b"])
+        return optax.softmax_cross_entropy_with_integer_labels(h @ params[-1]["w"] + params[-1]["b"], y).mean()
+    return params, jnp.asarray(x), jnp.asarray(y), loss
+
+
+def make_step(loss, tx, average=None):
+    import jax
+    import optax
+
+    @jax.jit
+    def step(params, opt_state, x, y):
+        grads = jax.grad(loss)(params, x, y)
+        if average is not None:
+            grads = average(grads)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+    return step
+
+
+def time_steps(step, state, x, y, count):
+    import jax
+    params, opt_state = state
+    jax.block_until_ready(params)
+    start = time.perf_counter()
+    for _ in range(count):
+        params, opt_state = step(params, opt_state, x, y)
+    jax.block_until_ready(params)
+    return time.perf_counter() - start, (params, opt_state)
+
+
+def flat(params):
+    import jax
+    import numpy as np
+    return np.concatenate([np.asarray(p).ravel() for p in jax.tree_util.tree_leaves(params)])
+
+
+def run_shared_job(args, comm):
+    import jax
+    import numpy as np
+    import optax
+    from mpi4py import MPI
+    import mpi4jax
+    import ringtrain.jax as hvd
+    hvd.init()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    params, x, y, loss = model_and_data(args, rank)
+    inner = optax.sgd(0.01, momentum=0.9)
+    txs = {"no-comm": inner, "ringtrain": hvd.DistributedOptimizer(inner), "mpi4jax": inner}
+    averages = {"mpi4jax": lambda grads: jax.tree_util.tree_map(
+        lambda g: mpi4jax.allreduce(g, op=MPI.SUM, comm=comm) / size, grads)}
+    steps = {mode: make_step(loss, txs[mode], averages.get(mode)) for mode in SHARED_MODES}
+    states = {mode: (params, txs[mode].init(params)) for mode in SHARED_MODES}
+    for mode in SHARED_MODES:                                 # compile and warm up
+        _, states[mode] = time_steps(steps[mode], states[mode], x, y, args.warmup)
+    times = {mode: [] for mode in SHARED_MODES}
+    for _ in range(args.rounds):
+        for mode in SHARED_MODES:
+            comm.Barrier()
+            elapsed, states[mode] = time_steps(steps[mode], states[mode], x, y, args.steps)
+            times[mode].append(comm.allreduce(elapsed, op=MPI.MAX))
+    finals = {mode: flat(states[mode][0]) for mode in SHARED_MODES}
+    hvd.shutdown()
+    return times, finals
+
+
+def run_gloo_job(args, comm):
+    import numpy as np
+    port = None
+    if comm.Get_rank() == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = comm.bcast(port)
+    import jax
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=comm.Get_size(),
+                               process_id=comm.Get_rank())
+    import optax
+    from jax import shard_map
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+    from mpi4py import MPI
+    size = comm.Get_size()
+    mesh = Mesh(np.array(jax.devices()), ("ranks",))
+    params, x, y, loss = model_and_data(args, comm.Get_rank())
+    tx = optax.sgd(0.01, momentum=0.9)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    by_rank = NamedSharding(mesh, PartitionSpec("ranks"))
+
+    def local_step(params, opt_state, x, y):
+        grads = jax.tree_util.tree_map(lambda g: jax.lax.psum(g, "ranks") / size, jax.grad(loss)(params, x, y))
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    step = jax.jit(shard_map(local_step, mesh=mesh, in_specs=(PartitionSpec(), PartitionSpec(),
+                                                                PartitionSpec("ranks"), PartitionSpec("ranks")),
+                             out_specs=(PartitionSpec(), PartitionSpec()), check_vma=False))
+
+    def global_array(local, sharding):
+        return jax.make_array_from_process_local_data(sharding, np.asarray(local))
+    state = (jax.tree_util.tree_map(lambda p: global_array(p, replicated), params), None)
+    state = (state[0], jax.tree_util.tree_map(lambda s: global_array(s, replicated), tx.init(params)))
+    gx, gy = global_array(x, by_rank), global_array(y, by_rank)
+    time_steps(step, state, gx, gy, 0)
+    _, state = time_steps(step, state, gx, gy, args.warmup)
+    times = []
+    for _ in range(args.rounds):
+        comm.Barrier()
+        elapsed, state = time_steps(step, state, gx, gy, args.steps)
+        times.append(comm.allreduce(elapsed, op=MPI.MAX))
+    local = jax.tree_util.tree_map(lambda p: np.asarray(p.addressable_data(0)), state[0])
+    return {"jax-gloo": times}, {"jax-gloo": flat(local)}
+
+
+def run_worker(args):
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    try:
+        times, finals = (run_gloo_job if args.job == "gloo" else run_shared_job)(args, comm)
+        error = None
+    except Exception as e:                      # a peer that cannot run here is reported, not fatal
+        times, finals, error = {}, {}, f"{type(e).__name__}: {e}"
+    everyone = comm.gather({mode: v.tolist() for mode, v in finals.items()}, root=0)
+    if comm.Get_rank() == 0:
+        with open(args.out, "w") as f:
+            json.dump({"times": times, "finals": everyone, "error": error}, f)
+
+
+# ---------------------------------------------------------------- driver
+
+def launch(ranks, args, job, folder):
+    out = os.path.join(folder, f"{job}_{ranks}.json")
+    command = [mpiexec_path(), "-n", str(ranks), sys.executable, os.path.abspath(__file__), "--worker", "--job", job,
+               "--out", out, "--steps", str(args.steps), "--rounds", str(args.rounds), "--warmup",
+               str(args.warmup), "--batch-size", str(args.batch_size), "--features", str(args.features),
+               "--hidden", str(args.hidden), "--layers", str(args.layers)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", XLA_FLAGS="--xla_cpu_multi_thread_eigen=false "
+               "intra_op_parallelism_threads=1", PYTHONPATH=os.pathsep.join(filter(None, [REPO_ROOT,
+                                                                                          os.environ.get("PYTHONPATH")])))
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
+    if done.returncode != 0 or not os.path.exists(out):
+        return {"times": {}, "finals": [], "error": f"job exited {done.returncode}: {done.stderr[-1500:]}"}
+    with open(out) as f:
+        return json.load(f)
+
+
+def count_wrong(finals, reference):
+    """Parameters differing between ranks of one distributed mode, or from the reference mode's rank 0 (no-comm
+    ranks train on different data: not checked)."""
+    import numpy as np
+    wrong = {}
+    for mode in [m for m in (finals[0] if finals else []) if m != "no-comm"]:
+        mine = [np.asarray(rank[mode]) for rank in finals]
+        bad = sum(int(np.sum(~np.isclose(m, mine[0], rtol=PARAM_TOLERANCE, atol=PARAM_TOLERANCE))) for m in mine[1:])
+        if reference is not None:
+            bad += int(np.sum(~np.isclose(mine[0], reference, rtol=PARAM_TOLERANCE, atol=PARAM_TOLERANCE)))
+        wrong[mode] = bad
+    return wrong
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--max-ranks", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=50, help="steps per mode per round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=32, help="rows per rank per step")
+    parser.add_argument("--features", type=int, default=784)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=3, help="hidden layers")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per mpiexec job")
+    parser.add_argument("--quick", action="store_true", help="tiny model and few steps: checks the script runs")
+    parser.add_argument("--json", help="write the records here (and a .txt table beside it)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--job", default="shared", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return run_worker(args)
+    if args.quick:
+        args.steps, args.rounds, args.warmup, args.features, args.hidden, args.layers = 3, 2, 1, 16, 32, 2
+    records, errors = [], {}
+    with tempfile.TemporaryDirectory() as folder:
+        for ranks in range(1, args.max_ranks + 1):
+            results = [launch(ranks, args, "shared", folder)] + ([launch(ranks, args, "gloo", folder)]
+                                                                  if ranks > 1 else [])
+            for job, result in zip(("shared", "gloo"), results):
+                if result["error"]:
+                    errors[f"{job} job, {ranks} ranks"] = result["error"]
+            finals = [dict(a, **b) for a, b in zip(*[r["finals"] for r in results])] if ranks > 1 and all(
+                r["finals"] for r in results) else (results[0]["finals"] or [])
+            reference = finals[0].get("mpi4jax") if finals else None
+            wrong = count_wrong(finals, reference) if ranks > 1 else {}
+            for result in results:
+                for mode, times in result["times"].items():
+                    per_round = sorted(args.steps / t for t in times)
+                    records.append({"ranks": ranks, "mode": mode, "steps_per_s": common.median(per_round),
+                                    "rounds": per_round, "wrong": wrong.get(mode, 0)})
+    print_table(records, args, errors)
+    if args.json:
+        payload = {"machine": common.machine_info(), "settings": vars(args), "records": records, "errors": errors}
+        common.write_json(args.json, payload)
+        with open(os.path.splitext(args.json)[0] + ".txt", "w") as f:
+            print_table(records, args, errors, file=f)
+    if any(r["wrong"] for r in records):
+        raise SystemExit("parameters differ between ranks or modes: see #wrong")
+
+
+def print_table(records, args, errors, file=None):
+    base = {r["ranks"]: r["steps_per_s"] for r in records if r["mode"] == "no-comm"}
+    peer = {r["ranks"]: r["steps_per_s"] for r in records if r["mode"] == "mpi4jax"}
+    rows = []
+    for r in records:
+        rows.append([r["ranks"], r["mode"], f"{r['steps_per_s']:.1f}", f"{r['steps_per_s'] * r['ranks'] * args.batch_size:.0f}",
+                     f"{r['steps_per_s'] / base[1]:.2f}" if 1 in base else "-",
+                     f"{r['steps_per_s'] / peer[r['ranks']]:.2f}" if peer.get(r["ranks"]) else "-", r["wrong"]])
+    params = args.features * args.hidden + args.hidden * args.hidden * (args.layers - 1) + args.hidden * 10
+    title = (f"JAX MLP {args.features}-{'-'.join([str(args.hidden)] * args.layers)}-10 (~{params / 1e6:.2f} M "
+             f"parameters, {2 * (args.layers + 1)} arrays), batch {args.batch_size} per rank, optax SGD momentum; "
+             f"median of {args.rounds} rounds x {args.steps} steps; {common.machine_info()['date']}")
+    print(common.format_table(["ranks", "mode", "steps/s", "samples/s", "efficiency", "vs mpi4jax", "#wrong"], rows,
+                              title), file=file)
+    for where, error in errors.items():
+        print(f"# {where}: {error.splitlines()[-1] if error.splitlines() else error}", file=file)
+
+
+if __name__ == "__main__":
+    main()
