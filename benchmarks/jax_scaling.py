@@ -93,7 +93,6 @@ def flat(params):
 
 def run_shared_job(args, comm):
     import jax
-    import numpy as np
     import optax
     from mpi4py import MPI
     import mpi4jax

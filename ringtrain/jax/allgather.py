@@ -10,7 +10,6 @@ TensorMismatchError, naming the ranks and their rows, when they differ.
 Gradient (Horovod's rule, ringtrain.gradient_rules): this rank's rows of the cotangent averaged over the set's ranks.
 """
 import dataclasses
-import functools
 
 import jax
 import numpy as np
@@ -22,7 +21,7 @@ from ringtrain.process_sets import ProcessSet, global_process_set
 
 from . import arrays, gradients
 from .arrays import Wire, check_movable
-from .host_call import collective_primitive
+from .host_call import collective_primitive, differentiable
 from .naming import collective_name
 
 
@@ -57,24 +56,13 @@ def _gathered_avals(*avals, spec):
     return [ShapedArray((sum(rows),) + a.shape[1:], a.dtype) for a, rows in zip(avals, spec.rows)]
 
 
-allgather_p = collective_primitive("ringtrain_allgather", _run, _gathered_avals)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def _allgather(xs, spec):
-    return tuple(allgather_p.bind(*xs, spec=spec))
-
-
-def _allgather_fwd(xs, spec):
-    return _allgather(xs, spec), None
-
-
-def _allgather_bwd(spec, _, cotangents):
+def _backward(spec, _, cotangents):
     me = spec.process_set.rank()
-    return (gradients.backward("allgather", cotangents, spec, rows=[rows[me] for rows in spec.rows]),)
+    return gradients.backward("allgather", cotangents, spec, rows=[rows[me] for rows in spec.rows])
 
 
-_allgather.defvjp(_allgather_fwd, _allgather_bwd)
+allgather_p = collective_primitive("ringtrain_allgather", _run, _gathered_avals)
+_allgather = differentiable(allgather_p, _backward)
 gradients.register("allgather", AllgatherSpec, _allgather)
 
 

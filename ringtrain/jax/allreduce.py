@@ -8,10 +8,8 @@
 Gradient (Horovod's rule, ringtrain.gradient_rules): the cotangent allreduced with the same op and scale factors.
 """
 import dataclasses
-import functools
 
 import jax
-from jax.core import ShapedArray
 
 import ringtrain as _core
 from ringtrain.ops import ReduceOp, resolve_op
@@ -19,7 +17,7 @@ from ringtrain.process_sets import ProcessSet, global_process_set
 
 from . import gradients
 from .arrays import Wire, check_reduction, check_scales
-from .host_call import collective_primitive
+from .host_call import collective_primitive, differentiable, same_avals
 from .naming import collective_name
 
 
@@ -52,28 +50,13 @@ def _run(*arrays, spec):
     return [w.back(r, size) for w, r in zip(wires, results)]
 
 
-def _same_avals(*avals, spec):
-    return [ShapedArray(a.shape, a.dtype) for a in avals]
+def _backward(spec, _, cotangents):
+    return gradients.backward("allreduce", cotangents, spec, op=spec.op, prescale_factor=spec.prescale_factor,
+                              postscale_factor=spec.postscale_factor)
 
 
-allreduce_p = collective_primitive("ringtrain_allreduce", _run, _same_avals)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def _allreduce(xs, spec):
-    return tuple(allreduce_p.bind(*xs, spec=spec))
-
-
-def _allreduce_fwd(xs, spec):
-    return _allreduce(xs, spec), None
-
-
-def _allreduce_bwd(spec, _, cotangents):
-    return (gradients.backward("allreduce", cotangents, spec, op=spec.op, prescale_factor=spec.prescale_factor,
-                               postscale_factor=spec.postscale_factor),)
-
-
-_allreduce.defvjp(_allreduce_fwd, _allreduce_bwd)
+allreduce_p = collective_primitive("ringtrain_allreduce", _run, same_avals)
+_allreduce = differentiable(allreduce_p, _backward)
 gradients.register("allreduce", AllreduceSpec, _allreduce)
 
 

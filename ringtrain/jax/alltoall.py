@@ -9,11 +9,9 @@ TensorMismatchError naming them).
 Gradient (Horovod's rule, ringtrain.gradient_rules): the reverse alltoall of the cotangent.
 """
 import dataclasses
-import functools
 
 import jax
 import numpy as np
-from jax.core import ShapedArray
 
 import ringtrain as _core
 from ringtrain.errors import TensorMismatchError
@@ -22,7 +20,7 @@ from ringtrain.process_sets import ProcessSet, global_process_set
 from . import arrays, gradients
 from .allgather import is_traced
 from .arrays import Wire, check_movable
-from .host_call import collective_primitive
+from .host_call import collective_primitive, differentiable, same_avals
 from .naming import collective_name
 
 
@@ -48,27 +46,16 @@ def _run_even(array, spec):
     return [received]
 
 
-def _same_avals(aval, spec):
-    return [ShapedArray(aval.shape, aval.dtype)]
+def _backward(spec, _, cotangents):
+    return gradients.backward("alltoall", cotangents, spec)
 
 
-alltoall_p = collective_primitive("ringtrain_alltoall", _run_even, _same_avals)
+alltoall_p = collective_primitive("ringtrain_alltoall", _run_even, same_avals)
+_alltoall_one = differentiable(alltoall_p, _backward)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def _alltoall(x, spec):
-    return alltoall_p.bind(x, spec=spec)[0]
-
-
-def _alltoall_fwd(x, spec):
-    return _alltoall(x, spec), None
-
-
-def _alltoall_bwd(spec, _, cotangent):
-    return gradients.backward("alltoall", [cotangent], spec)
-
-
-_alltoall.defvjp(_alltoall_fwd, _alltoall_bwd)
+    return _alltoall_one((x,), spec)[0]
 gradients.register("alltoall", AlltoallSpec, _alltoall)
 
 

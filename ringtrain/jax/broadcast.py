@@ -6,17 +6,15 @@ root_rank is a world rank (Horovod's convention, process sets included).
 Gradient (Horovod's rule, ringtrain.gradient_rules): the cotangent averaged over the set's ranks on the root, zeros on the other ranks.
 """
 import dataclasses
-import functools
 
 import jax
-from jax.core import ShapedArray
 
 import ringtrain as _core
 from ringtrain.process_sets import ProcessSet, global_process_set
 
 from . import gradients
 from .arrays import Wire, check_movable
-from .host_call import collective_primitive
+from .host_call import collective_primitive, differentiable, same_avals
 from .naming import collective_name
 
 
@@ -35,27 +33,12 @@ def _run(*inputs, spec):
     return [w.back(h.wait()) for w, h in zip(wires, handles)]
 
 
-def _same_avals(*avals, spec):
-    return [ShapedArray(a.shape, a.dtype) for a in avals]
+def _backward(spec, _, cotangents):
+    return gradients.backward("broadcast", cotangents, spec, root_rank=spec.root_rank)
 
 
-broadcast_p = collective_primitive("ringtrain_broadcast", _run, _same_avals)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def _broadcast(xs, spec):
-    return tuple(broadcast_p.bind(*xs, spec=spec))
-
-
-def _broadcast_fwd(xs, spec):
-    return _broadcast(xs, spec), None
-
-
-def _broadcast_bwd(spec, _, cotangents):
-    return (gradients.backward("broadcast", cotangents, spec, root_rank=spec.root_rank),)
-
-
-_broadcast.defvjp(_broadcast_fwd, _broadcast_bwd)
+broadcast_p = collective_primitive("ringtrain_broadcast", _run, same_avals)
+_broadcast = differentiable(broadcast_p, _backward)
 
 
 def _checked(leaves, what):

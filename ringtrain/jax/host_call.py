@@ -20,9 +20,13 @@ ran the same two collectives in different orders would wait for each other forev
 in program order, and across successive jitted calls, so XLA can neither reorder them nor run two at once, and
 neither can dead-code elimination drop one whose result is unused.
 """
+import functools
+
+import jax
 from jax._src import effects
 from jax._src.callback import emit_python_callback
 from jax._src.interpreters import mlir
+from jax.core import ShapedArray
 from jax.extend.core import Primitive
 
 from . import arrays
@@ -66,3 +70,25 @@ def collective_primitive(name, run, out_avals):
     primitive.def_effectful_abstract_eval(abstract_eval)
     mlir.register_lowering(primitive, lower, cacheable=False)
     return primitive
+
+
+def same_avals(*avals, spec):
+    """out_avals of a collective whose outputs are shaped like its inputs."""
+    return [ShapedArray(a.shape, a.dtype) for a in avals]
+
+
+def differentiable(primitive, backward, residual=None):
+    """collective(arrays, spec) -> tuple: the primitive as a jax.custom_vjp function whose backward pass is
+    backward(spec, residual(arrays), cotangents) -> tuple of the inputs' cotangents (each module's gradient rule)."""
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+    def collective(arrays, spec):
+        return tuple(primitive.bind(*arrays, spec=spec))
+
+    def forward(arrays, spec):
+        return collective(arrays, spec), (residual(arrays) if residual is not None else None)
+
+    def backward_pass(spec, saved, cotangents):
+        return (backward(spec, saved, cotangents),)
+
+    collective.defvjp(forward, backward_pass)
+    return collective

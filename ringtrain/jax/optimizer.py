@@ -20,7 +20,7 @@ from ringtrain.ops import Average
 from ringtrain.process_sets import global_process_set
 from ringtrain.reducer import Member, Reducer, Scaling, instance_prefix
 
-from .host_call import collective_primitive
+from .host_call import collective_primitive, same_avals
 
 
 class PytreeReducer:
@@ -66,11 +66,7 @@ def _reduce(*gradients, spec):
     return spec.reduce(*gradients)
 
 
-def _same_avals(*avals, spec):
-    return [jax.core.ShapedArray(a.shape, a.dtype) for a in avals]
-
-
-reduce_gradients_p = collective_primitive("ringtrain_reduce_gradients", _reduce, _same_avals)
+reduce_gradients_p = collective_primitive("ringtrain_reduce_gradients", _reduce, same_avals)
 
 
 class DistributedGradientTransformation(optax.GradientTransformation):

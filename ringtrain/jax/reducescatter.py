@@ -7,7 +7,6 @@ Gradient (Horovod's rule, ringtrain.gradient_rules): an allgather of the cotange
 times the pre- and postscale factors.
 """
 import dataclasses
-import functools
 
 import jax
 from jax.core import ShapedArray
@@ -18,7 +17,7 @@ from ringtrain.process_sets import ProcessSet, global_process_set
 
 from . import gradients
 from .arrays import Wire, check_reduction, check_scales
-from .host_call import collective_primitive
+from .host_call import collective_primitive, differentiable
 from .naming import collective_name
 
 
@@ -51,25 +50,13 @@ def _block_avals(*avals, spec):
     return [ShapedArray((spec.blocks(a.shape[0])[me],) + a.shape[1:], a.dtype) for a in avals]
 
 
+def _backward(spec, rows, cotangents):
+    return gradients.backward("reducescatter", cotangents, spec, gather_rows=tuple(spec.blocks(n) for n in rows),
+                              op=spec.op, prescale_factor=spec.prescale_factor, postscale_factor=spec.postscale_factor)
+
+
 reducescatter_p = collective_primitive("ringtrain_reducescatter", _run, _block_avals)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def _reducescatter(xs, spec):
-    return tuple(reducescatter_p.bind(*xs, spec=spec))
-
-
-def _reducescatter_fwd(xs, spec):
-    return _reducescatter(xs, spec), tuple(x.shape[0] for x in xs)
-
-
-def _reducescatter_bwd(spec, rows, cotangents):
-    return (gradients.backward("reducescatter", cotangents, spec, gather_rows=tuple(spec.blocks(n) for n in rows),
-                               op=spec.op, prescale_factor=spec.prescale_factor,
-                               postscale_factor=spec.postscale_factor),)
-
-
-_reducescatter.defvjp(_reducescatter_fwd, _reducescatter_bwd)
+_reducescatter = differentiable(reducescatter_p, _backward, residual=lambda xs: tuple(x.shape[0] for x in xs))
 
 
 def _scatter(kind, leaves, op, name, process_set, prescale_factor, postscale_factor):
