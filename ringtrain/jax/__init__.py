@@ -16,16 +16,14 @@ Run with `mpirun -np 4 python train.py` (or ringtrain-run). Every collective is 
 effect (host_call.py), so collectives run in program order on every rank, inside jit, grad and control flow, and
 are differentiable with Horovod's gradient rules (one module per collective says its rule).
 """
-from ringtrain import (allgather_object, barrier, broadcast_object, cross_rank, cross_size,  # noqa: F401
+from ringtrain import (allgather_object, barrier, broadcast_object, cross_rank, cross_size, init,  # noqa: F401
                        is_initialized, join, local_rank, local_size, rank, shutdown, size)
-from ringtrain import init as _core_init
 from ringtrain.errors import (RankFailureError, RingtrainError, StallError, TensorMismatchError,  # noqa: F401
                               UnsupportedDtypeError)
 from ringtrain.ops import Average, Max, Min, Product, ReduceOp, Sum  # noqa: F401
 from ringtrain.process_sets import (ProcessSet, add_process_set, global_process_set,  # noqa: F401
                                     remove_process_set)
 
-from . import naming
 from .allgather import allgather, grouped_allgather  # noqa: F401
 from .allreduce import allreduce, grouped_allreduce  # noqa: F401
 from .alltoall import alltoall  # noqa: F401
@@ -34,8 +32,3 @@ from .compression import Compression  # noqa: F401
 from .optimizer import DistributedOptimizer  # noqa: F401
 from .reducescatter import grouped_reducescatter, reducescatter  # noqa: F401
 
-
-def init(comm=None, process_sets=None, **config_overrides):
-    """Start ringtrain (MPI, topology, engine): ringtrain.init's arguments."""
-    naming.reset()
-    return _core_init(comm, process_sets, **config_overrides)
