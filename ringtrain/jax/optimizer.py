@@ -8,7 +8,8 @@ before the inner transformation sees them.
 The buckets, their scaling (Horovod's op / gradient_predivide_factor rule), compression, submission and completion
 are ringtrain.reducer's, the object every binding shares. This module only adapts pytrees to it: the gradient
 pytree's leaves are the reducer's members (in leaf order), and one ordered host call (host_call.py) hands all of
-them to the reducer, which packs each bucket into its own persistent flat buffer and allreduces it. In jit every
+them to the reducer, which packs each bucket into its own persistent flat buffer (in the shared-memory window,
+ringtrain.empty_shared) and allreduces it in place. In jit every
 gradient is final at once, so there is no overlap with backward to win: buckets are planned by size
 (Layout.BY_SIZE), and a single bucket takes the engine's one-cycle express path.
 """
@@ -16,6 +17,7 @@ import jax
 import numpy as np
 import optax
 
+import ringtrain as _core
 from ringtrain.ops import Average
 from ringtrain.process_sets import global_process_set
 from ringtrain.reducer import Member, Reducer, Scaling, instance_prefix
@@ -53,7 +55,8 @@ class PytreeReducer:
     def _submit(self, bucket, gradients, results, sync):
         keys = bucket.keys
         if bucket.buffer is None:
-            bucket.buffer = np.empty(sum(gradients[k].size for k in keys), gradients[keys[0]].dtype)
+            # in the shm window: an in-place allreduce of it is read by peers where it lies (no copy in or out)
+            bucket.buffer = _core.empty_shared(sum(gradients[k].size for k in keys), gradients[keys[0]].dtype)
             bounds = np.cumsum([0] + [gradients[k].size for k in keys])
             bucket.views = [bucket.buffer[a:b].reshape(self.shapes[k]) for k, a, b in zip(keys, bounds, bounds[1:])]
         for k, view in zip(keys, bucket.views):
