@@ -129,3 +129,43 @@ def test_worker_failing_at_start_is_blacklisted_and_the_job_goes_on():
     assert "world 1: 2 workers" in job.output, job
     final = job.lines("FINAL")
     assert sorted(final) == [0, 1] and {f[0]["counts"] for f in final.values()} == {"ok"}, job
+
+
+def _keras_available():
+    try:
+        import keras  # noqa: F401
+        import tensorflow  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+keras_only = pytest.mark.skipif(not _keras_available(), reason="TensorFlow/Keras not installed")
+
+
+@keras_only
+def test_keras_fit_sigkilled_worker_survivors_roll_back_and_finish():
+    job = run_elastic("-np", "3", "--min-np", "2", script="train_keras.py", KILL_RANK=1, KILL_STEP=3)
+    assert job.returncode == 0, job
+    assert "world 2: 2 workers" in job.output, job
+    restored = job.lines("RESET")
+    assert sorted(restored) == [0, 1], job
+    for lines in restored.values():
+        assert len(lines) == 1 and lines[0]["live"] == lines[0]["committed"] != "None", job
+    final = job.lines("FINAL")
+    assert sorted(final) == [0, 1] and {f[0]["counts"] for f in final.values()} == {"ok"}, job
+    assert len({f[0]["digest"] for f in final.values()}) == 1, job
+
+
+@keras_only
+def test_keras_fit_worker_added_by_discovery_joins_and_gets_the_state(tmp_path):
+    script, hosts_file = _discovery_script(tmp_path, "localhost:2\n")
+    job = run_elastic("-np", "2", "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(script),
+                      script="train_keras.py", GROW_HOSTS_FILE=hosts_file, GROW_STEP=2)
+    assert job.returncode == 0, job
+    assert re.search(r"world 2: 3 workers; joined: localhost\[2\]", job.output), job
+    after = [s for lines in job.lines("START").values() for s in lines if s["size"] == "3"]
+    assert len(after) == 3 and len({s["digest"] for s in after}) == 1, job
+    final = job.lines("FINAL")
+    assert sorted(final) == [0, 1, 2] and {f[0]["counts"] for f in final.values()} == {"ok"}, job
+    assert len({f[0]["digest"] for f in final.values()}) == 1, job

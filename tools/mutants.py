@@ -56,6 +56,8 @@ class Mutant:
 
 
 FUSED = "tests/parallel/test_fused_allreduce.py"
+ELASTIC = "tests/test_elastic.py"
+ELASTIC_PIECES = "tests/test_elastic_pieces.py"
 OPTIMIZER_REFERENCE = "tests/parallel/test_optimizer_reference.py"
 HIERARCHICAL = "tests/parallel/test_hierarchical.py"
 EXPRESS = "tests/parallel/test_express.py"
@@ -329,6 +331,21 @@ MUTANTS = [
            "        ctx.set_tokens_out(ctx.tokens_in)",
            (Tests(("tests/test_jax_host_call.py",)),),
            "collectives lower without the ordering token: XLA may run independent ones in another order"),
+    Mutant("elastic_restore_skipped", "ringtrain/elastic/runner.py",
+           "                state.restore()\n",
+           "                pass\n",
+           (Tests((ELASTIC,), select="sigkilled"),),
+           "after a worker died the survivors go on from their live state, not their last commit"),
+    Mutant("elastic_sync_from_the_wrong_rank", "ringtrain/elastic/torch_state.py",
+           "broadcast_parameters(self.value.state_dict(), root_rank=0)",
+           "broadcast_parameters(self.value.state_dict(), root_rank=core_state.size() - 1)",
+           (Tests((ELASTIC,), select="joins"),),
+           "sync() hands the parameters of the last rank (a worker that just joined) to everyone"),
+    Mutant("elastic_sampler_records_only_its_own_batch", "ringtrain/elastic/sampler.py",
+           "self.get_indices(batch_idx, batch_size, all_ranks=True)",
+           "self.get_indices(batch_idx, batch_size)",
+           (Tests((ELASTIC_PIECES,)), Tests((ELASTIC,), select="sigkilled")),
+           "Horovod's sampler: a dead rank's processed samples are forgotten and served again after the resize"),
 ]
 
 

@@ -13,10 +13,16 @@ re-formed without a roll-back. Outside an elastic job (`ringtrain-run` without e
 function simply runs once after a sync.
 """
 import functools
+import time
 
 from .. import state as core_state
 from . import worker
 from .errors import ElasticError, HorovodInternalError, HostsUpdatedInterrupt
+
+
+# wall-clock times (time.time()) of the last recovery, for benchmarks/elastic_recovery.py: "error" when the
+# collective failed here, "reformed" once the next world is up (and the reset callbacks ran), "synced" after sync()
+last_recovery = {}
 
 
 def run(func):
@@ -32,12 +38,16 @@ def run(func):
                 if failed is not None:
                     _reform(failed)
                     state.on_reset()
+                    last_recovery["reformed"] = time.time()
                 if not skip_sync:
                     state.sync()
+                last_recovery["synced"] = time.time()
                 return func(state, *args, **kwargs)
             except ElasticError:
                 raise
             except HorovodInternalError as error:
+                last_recovery.clear()
+                last_recovery["error"] = time.time()
                 state.restore()
                 failed, skip_sync = error, False
             except HostsUpdatedInterrupt as interrupt:

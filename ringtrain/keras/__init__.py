@@ -23,6 +23,7 @@ from ringtrain.tensorflow import (  # noqa: F401
 )
 
 from . import callbacks  # noqa: F401
+from . import elastic  # noqa: F401  -- hvd.elastic
 from .optimizer import DistributedOptimizer  # noqa: F401
 from .rank_zero import print0, rank_zero_only, verbose  # noqa: F401
 

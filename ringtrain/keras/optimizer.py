@@ -23,6 +23,7 @@ import dataclasses
 
 import tensorflow as tf
 
+from ringtrain import state as core_state
 from ringtrain.errors import RingtrainError, TensorMismatchError
 from ringtrain.model_check import describe_model_mismatch
 from ringtrain.reducer import Scaling, instance_prefix
@@ -59,7 +60,10 @@ class _DistributedOptimizerMixin:
 
     def build(self, variables):
         variables = list(variables)
-        self._rt_check_same_model(variables)
+        if not core_state.config().elastic:
+            # a collective: not in an elastic job, where a worker that joins builds its optimizer in sync() while
+            # the others' are built already
+            self._rt_check_same_model(variables)
         super().build(variables)
         state = self._ringtrain
         if state.passes_per_step > 1:

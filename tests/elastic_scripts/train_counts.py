@@ -4,7 +4,8 @@ iff counts == 1 everywhere. A small Linear with momentum SGD gives the optimizer
 
 Environment (set by tests/test_elastic.py):
   FAIL_AT_START_ON_HOST=h  exit 3 at once on host h (the blacklist case)
-  KILL_RANK=r KILL_STEP=s  in the first world, rank r SIGKILLs itself in step s, after its allreduce went out
+  KILL_RANK=r KILL_STEP=s  in the first world, rank r SIGKILLs itself as step s begins (commits follow odd steps,
+                           so with s odd the survivors hold one uncommitted step that the roll-back must undo)
   GROW_HOSTS_FILE=f        in the first world, rank 0 adds a slot to the discovery file f at step GROW_STEP and
                            every rank keeps committing until the new worker has joined
 Lines: "rank r: START size=n digest=d" each time train() starts (after sync), "rank r: RESET live=d committed=d"
@@ -106,11 +107,11 @@ def train(state):
             in_first_world = hvd.size() == state.first_size and state.step < 1000
             if in_first_world and os.environ.get("GROW_HOSTS_FILE") and batch == int(os.environ["GROW_STEP"]):
                 wait_for_join()
-            step(state.sampler.get_indices(batch, BATCH))
             if (in_first_world and str(hvd.rank()) == os.environ.get("KILL_RANK")
                     and batch == int(os.environ["KILL_STEP"])):
                 say(f"KILLED at {time.time():.3f}")
                 os.kill(os.getpid(), 9)
+            step(state.sampler.get_indices(batch, BATCH))
             state.sampler.record_batch(batch, BATCH)
             state.step += 1
             time.sleep(STEP_SLEEP_S)

@@ -1,0 +1,110 @@
+"""Recovery time of an elastic job: from a worker's SIGKILL to the first completed step of the new world.
+
+    python benchmarks/elastic_recovery.py --workers 2 3 4 --repeats 5 --json out.json
+
+For each N, `ringtrain-run -np N --min-np N-1` trains an MLP (784-1024-1024-10, 1.9 M parameters, Adam, a commit
+every step); in its 10th step the last rank SIGKILLs itself. The survivors' rank 0 reports four phases (wall clock,
+one machine):
+  detection     SIGKILL -> the survivor's collective raised (the driver saw the worker's connection close and
+                told the survivors, whose waits end at once)
+  re-formation  -> the new world is up: roll back to the commit, abandon the dead world, the driver's rendezvous
+                (Open_port / Connect / Accept + Merge), ringtrain.init on it (topology, transports, engine) and
+                the reset callbacks
+  state sync    -> sync(): rank 0's parameters, optimizer state and object state broadcast, the sampler record
+  first step    -> the first training step of the new world completed (its allreduces included)
+The table gives the median over --repeats jobs, and the total's min and max. Workers use one thread each.
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+PHASES = ("detection", "reformation", "sync", "first_step")
+KILL_STEP = 10
+STEPS = 25
+
+
+def worker():
+    import torch
+
+    import ringtrain.torch as hvd
+    from ringtrain.elastic import runner
+    torch.set_num_threads(1)
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(784, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
+                                torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+    optimizer = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-3),
+                                         named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model, optimizer, step=0, first_size=hvd.size())
+    x, y = torch.randn(32, 784), torch.randint(0, 10, (32,))
+
+    @hvd.elastic.run
+    def train(state):
+        recovered = "error" in runner.last_recovery
+        while state.step < STEPS:
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            if hvd.size() == state.first_size and hvd.rank() == hvd.size() - 1 and state.step == KILL_STEP:
+                print(f"KILL {time.time():.6f}", flush=True)
+                os.kill(os.getpid(), 9)
+            optimizer.step()
+            if recovered and hvd.rank() == 0:
+                times = dict(runner.last_recovery, first_step=time.time())
+                print("RECOVERY " + json.dumps(times), flush=True)
+                recovered = False
+            state.step += 1
+            state.commit()
+
+    train(state)
+
+
+def one_job(n, timeout_s):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, "-m", "ringtrain.run", "-np", str(n), "--min-np", str(n - 1),
+           sys.executable, os.path.abspath(__file__), "--worker"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    kill = re.search(r"^KILL ([\d.]+)$", done.stdout, re.M)
+    recovery = re.search(r"^RECOVERY (\{.*\})$", done.stdout, re.M)
+    if done.returncode != 0 or not kill or not recovery:
+        raise RuntimeError(f"{n} workers: exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    t = json.loads(recovery.group(1))
+    t_kill = float(kill.group(1))
+    return {"detection": t["error"] - t_kill, "reformation": t["reformed"] - t["error"],
+            "sync": t["synced"] - t["reformed"], "first_step": t["first_step"] - t["synced"],
+            "total": t["first_step"] - t_kill}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, nargs="+", default=[2, 3, 4])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return worker()
+    results = {}
+    header = f"{'workers':>7} {'detection_s':>11} {'reform_s':>9} {'sync_s':>7} {'first_step_s':>12} " \
+             f"{'total_s':>8} {'min_s':>6} {'max_s':>6}  (median of {args.repeats})"
+    print(header, flush=True)
+    for n in args.workers:
+        runs = [one_job(n, timeout_s=300) for _ in range(args.repeats)]
+        median = {k: statistics.median(r[k] for r in runs) for k in PHASES + ("total",)}
+        totals = [r["total"] for r in runs]
+        results[n] = {"runs": runs, "median": median}
+        print(f"{n:>7} {median['detection']:>11.3f} {median['reformation']:>9.3f} {median['sync']:>7.3f} "
+              f"{median['first_step']:>12.3f} {median['total']:>8.3f} {min(totals):>6.2f} {max(totals):>6.2f}",
+              flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"workers": results, "kill_step": KILL_STEP, "machine_cores": os.cpu_count(),
+                       "date": time.strftime("%Y-%m-%d")}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""The elastic pieces that need no processes: the sampler across resizes, ObjectState, host lists, the blacklist."""
+import random
+
+import pytest
+
+from ringtrain.elastic.hosts import Blacklist, DiscoveryError, free_slots, parse_hosts
+from ringtrain.elastic.sampler import ElasticSampler
+from ringtrain.elastic.state import ObjectState
+
+
+def deal(sampler, rank, size):
+    """The sampler as rank `rank` of `size` would see it (reset() reads the world; here it is set by hand)."""
+    sampler.rank, sampler.num_replicas = rank, size
+    sampler.indices = sampler.remaining_indices[rank::size]
+    sampler.num_samples = len(sampler.indices)
+    return sampler
+
+
+def new_world(samplers, size):
+    """What sync() does after a resize: every survivor's record, united, dealt over the new world."""
+    record = set().union(*(s.processed_indices for s in samplers))
+    fresh = []
+    for rank in range(size):
+        s = ElasticSampler(range(len(samplers[0].dataset)), shuffle=True, seed=3)
+        s.load_state_dict(dict(epoch=samplers[0].epoch, processed_indices=record))
+        fresh.append(deal(s, rank, size))
+    return fresh
+
+
+@pytest.mark.parametrize("sizes", [(3, 2), (2, 4, 1), (4, 3, 2, 3)])
+def test_sampler_trains_every_sample_once_across_resizes_and_lost_ranks(sizes):
+    """Each world runs a few lockstep steps, then its last rank dies (its own record is lost) and the survivors
+    resize. The samples trained by committed steps, over all worlds, are every sample exactly once."""
+    n, batch = 53, 4
+    samplers = new_world([ElasticSampler(range(n), shuffle=True, seed=3)], sizes[0])
+    trained = []
+    rng = random.Random(1)
+    for world, size in enumerate(sizes):
+        last = world == len(sizes) - 1
+        steps = samplers[0].steps(batch)
+        assert {s.steps(batch) for s in samplers} == {steps}               # every rank agrees on the count
+        for b in range(steps if last else rng.randint(0, max(0, steps - 1))):
+            for s in samplers:
+                trained += s.get_indices(b, batch)
+            for s in samplers:
+                s.record_batch(b, batch)
+        if not last:
+            survivors = samplers[:-1] or samplers
+            samplers = new_world(survivors, sizes[world + 1])
+    assert sorted(trained) == list(range(n))
+
+
+def test_sampler_shards_never_pad_and_differ_by_at_most_one():
+    s = ElasticSampler(range(10), shuffle=False)
+    shards = [deal(s, r, 4).indices for r in range(4)]
+    assert sorted(i for shard in shards for i in shard) == list(range(10))
+    assert {len(x) for x in shards} == {2, 3}
+    s.set_epoch(1)
+    assert s.processed_indices == set() and s.epoch == 1
+
+
+def test_object_state_commit_restore_keeps_copies():
+    state = ObjectState(epoch=0, history=[1])
+    state.history.append(2)
+    state.epoch = 3
+    state.commit()                     # no elastic job: commit is a save, no collective
+    state.history.append(99)
+    state.epoch = 4
+    state.restore()
+    assert (state.epoch, state.history) == (3, [1, 2])
+    state.history.append(5)           # the restored value is a copy, not the committed object itself
+    state.restore()
+    assert state.history == [1, 2]
+
+
+def test_hosts_and_blacklist():
+    assert parse_hosts("a:2,b", default_slots=3) == {"a": 2, "b": 3}
+    assert parse_hosts("a:2\n# comment\nb:1\n") == {"a": 2, "b": 1}
+    with pytest.raises(DiscoveryError, match="'a:x'"):
+        parse_hosts("a:x")
+    forever = Blacklist()
+    forever.record_failure("a", now=0.0)
+    assert forever.blocked("a", now=1e9) and not forever.blocked("b", now=0.0)
+    cooling = Blacklist((2.0, 5.0), rng=random.Random(0))
+    first = cooling.record_failure("a", now=0.0)
+    assert 2.0 <= first <= 2.2 and cooling.blocked("a", 1.9) and not cooling.blocked("a", 2.3)
+    assert 4.0 <= cooling.record_failure("a", now=10.0) <= 4.4          # doubles with each failure ...
+    assert 5.0 <= cooling.record_failure("a", now=20.0) <= 5.5          # ... up to the range's top
+    assert free_slots({"a": 2, "b": 1}, {("b", 0)}, cooling, now=20.0) == []
+    assert free_slots({"a": 2, "b": 2}, {("b", 0)}, cooling, now=30.0) == [("a", 0), ("a", 1), ("b", 1)]
