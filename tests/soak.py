@@ -60,7 +60,35 @@ def set_members(size):
     return list(range(0, size, 2))
 
 
+# names whose metadata never changes, so they are cached and take the fast path, the eager slots and (synchronous
+# allreduces) the express path: (kind, dtype, op, rows, cols, extra fields)
+STEADY = (("allreduce", "float32", "Sum", 1031, 1, {}),
+          ("allreduce", "float64", "Average", 7, 3, {}),
+          ("allreduce", "int32", "Max", 33, 1, {}),
+          ("allreduce", "float16", "Sum", 9001, 3, {}),
+          ("broadcast", "float32", "Sum", 100, 1, {}),
+          ("reducescatter", "float32", "Sum", 4099, 1, {}),
+          ("allreduce", "float32", "Average", 70001, 1, {"in_place": True, "shared": True}),
+          ("grouped_allreduce", "float32", "Sum", 33, 1, {"tensors": 2}))
+
+
+def steady_op(j, size, op_id):
+    kind, dtype, op, count, cols, extra = STEADY[j]
+    spec = {"id": op_id, "kind": kind, "dtype": dtype, "op": op, "name": f"soak.steady.{j}", "count": count,
+            "cols": cols, "scales": (1.0, 1.0), "in_place": False, "shared": False, "group": list(range(size)),
+            "in_set": False}
+    spec.update(extra)
+    if kind == "broadcast":
+        spec["root"] = j % size
+    return spec
+
+
 def random_op(choose, size, op_id, names_taken, seed=0):
+    if choose.integer(0, 3) == 0:                # a cached name: same metadata every time
+        j = choose.integer(0, len(STEADY) - 1)
+        if f"soak.steady.{j}" not in names_taken:
+            names_taken.add(f"soak.steady.{j}")
+            return steady_op(j, size, op_id)
     kind = choose.choice(KINDS)
     dtype = choose.choice(DTYPE_NAMES)
     reducing = kind in REDUCING

@@ -43,23 +43,19 @@ def test_allgathers_with_a_new_name_per_batch_and_rank_dependent_rows(small_cach
 
 
 def test_cached_names_keep_working_while_new_names_evict_others(small_cache):
-    """Names used every step stay correct (and on the fast path, ids reused) while churn evicts around them;
-    submission order differs per rank."""
+    """Names used every step stay correct -- and cached under the same ids: eviction takes the least recently used,
+    and rank 0 sees every use, also of the steps agreed on the fast path without it -- while churn evicts around
+    them. Each step: the cached names alone (the fast path), then as many new names mixed with some of them, in an
+    order that differs per rank, then a synchronous call of a cached name (the express path)."""
     rank, size = rt.rank(), rt.size()
     steady = [f"churn.steady.{k}" for k in range(CAPACITY // 4)]
     total = size * (size + 1) // 2
     agreement = state.engine().agreement
     steady_ids = None
-    for step in range(40):
-        if step == 2:      # cached by now: used every step, they are never the least recently used
-            steady_ids = {key: cid for key, cid in agreement.cache.ids.items()
-                          if key[0] in steady and key[1].dtype == "float32"}     # the ones used every step
-        rng = np.random.default_rng([step, rank])
-        # 16 steady + 16 new names a step: the working set (steady, last step's and this step's new) fits
-        names = steady + [f"churn.new.{step}.{k}" for k in range(CAPACITY // 4)]
-        order = rng.permutation(len(names))
+
+    def run(names, indices, rng):
         handles = {}
-        for i in order:
+        for i in rng.permutation(indices):
             x = np.full(1 + i % 5, rank + 1, np.float32)
             if i % 3 == 0:
                 handles[i] = rt.broadcast_async(x, root_rank=i % size, name=names[i])
@@ -68,13 +64,21 @@ def test_cached_names_keep_working_while_new_names_evict_others(small_cache):
         for i, h in handles.items():
             want = np.full(1 + i % 5, (i % size) + 1 if i % 3 == 0 else total, np.float32)
             np.testing.assert_array_equal(h.wait(), want, err_msg=f"step {step} {names[i]}")
-        # and a synchronous call of a cached name between batches (the express path)
+
+    for step in range(40):
+        if step == 2:      # cached by now: used every step, they are never the least recently used
+            steady_ids = {key: cid for key, cid in agreement.cache.ids.items()
+                          if key[0] in steady and key[1].dtype == "float32"}     # the ones used every step
+        rng = np.random.default_rng([step, rank])
+        # 16 steady + 16 new names a step: the working set (steady, last step's and this step's new) fits
+        names = steady + [f"churn.new.{step}.{k}" for k in range(CAPACITY // 4)]
+        run(names, np.arange(len(steady)), rng)
+        run(names, np.arange(len(steady) // 2, len(names)), rng)
         np.testing.assert_array_equal(rt.allreduce(np.full(3, rank + 1.0), op=rt.Sum, name=steady[step % 8]),
                                       np.full(3, float(total)))
     _check_bounded()
     if not agreement.synchronous:   # the coordinator protocol caches a name only while an evicted id is free
         return
-    # LRU: the churn evicted only churn names; every steady name kept its id (rank 0 touches what the fast path runs)
     assert len(steady_ids) >= len(steady), sorted(set(steady) - {k[0] for k in steady_ids})
     now = {key: agreement.cache.ids.get(key) for key in steady_ids}
     assert now == steady_ids, f"rank {rank}: steady names evicted or renumbered: {steady_ids} -> {now}"
@@ -105,3 +109,14 @@ def test_coordinator_protocol_evicts_without_losing_an_id_in_flight(small_cache,
     finally:
         rt.shutdown()
         rt.init(cache_capacity=CAPACITY)
+
+
+def test_a_reused_id_runs_the_new_names_collective(small_cache):
+    """Each name is broadcast twice (the second time by id on the fast path), then never again: every id is soon
+    handed to a new name, whose cached run must be its own collective, not the evicted name's."""
+    rank, size = rt.rank(), rt.size()
+    for k in range(3 * CAPACITY):
+        for repeat in range(2):
+            got = rt.broadcast(np.full(2, float(rank + k)), root_rank=k % size, name=f"churn.reused.{k}")
+            np.testing.assert_array_equal(got, np.full(2, float(k % size + k)), err_msg=f"name {k} call {repeat}")
+    _check_bounded()

@@ -51,7 +51,7 @@ class HypothesisChooser:
 
 
 SEED = int(os.environ.get("RINGTRAIN_SOAK_SEED", "20261125"))
-SEEDED_OPS = 300
+SEEDED_OPS = 200
 CONFIGS = {"shm": {}, "mpi": {"transport": "mpi"}, "pretend-nodes": {"simulate_nodes": 2}}
 
 
