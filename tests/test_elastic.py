@@ -169,3 +169,28 @@ def test_keras_fit_worker_added_by_discovery_joins_and_gets_the_state(tmp_path):
     final = job.lines("FINAL")
     assert sorted(final) == [0, 1, 2] and {f[0]["counts"] for f in final.values()} == {"ok"}, job
     assert len({f[0]["digest"] for f in final.values()}) == 1, job
+
+
+def run_example(script, *args):
+    """An examples/ script under ringtrain-run's elastic mode, from the examples directory (its data helper)."""
+    environ = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])))
+    cmd = [sys.executable, "-m", "ringtrain.run", "-np", "3", "--min-np", "2", sys.executable, script, *args]
+    proc = subprocess.Popen(cmd, cwd=REPO / "examples", env=environ, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=HARD_KILL_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"{script} still running after {HARD_KILL_S}s:\n{proc.communicate()[0][-12000:]}")
+    assert proc.returncode == 0, out[-12000:]
+    return out
+
+
+@pytest.mark.parametrize("script", ["elastic_train.py", pytest.param("keras_elastic_train.py", marks=keras_only)])
+def test_example_survives_a_killed_worker(script):
+    """The examples README's command with --demo-kill: rank 2 dies in epoch 2, the job learns on with 2 workers."""
+    out = run_example(script, "--demo-kill", "2", "--epochs", "6")
+    assert "world 2: 2 workers" in out, out[-12000:]
+    final = re.search(r"final: workers (\d+)  epochs (\d+)  test accuracy ([0-9.]+)", out)
+    assert final and final.group(1, 2) == ("2", "6") and float(final.group(3)) >= 0.8, out[-12000:]

@@ -18,7 +18,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(REPO, "examples")
 HELPER_MODULES = {"data.py"}                                     # imported by the examples, not run on its own
 # examples that another test file already runs as a multi-rank job (the runs there are costlier than a repeat here)
-COVERED_ELSEWHERE = {"parallel_trials.py": "tests/test_parallel_trials.py", "jax_train.py": "tests/test_parallel_jax.py"}
+COVERED_ELSEWHERE = {"parallel_trials.py": "tests/test_parallel_trials.py", "jax_train.py": "tests/test_parallel_jax.py",
+                     "elastic_train.py": "tests/test_elastic.py", "keras_elastic_train.py": "tests/test_elastic.py"}
 JOB_TIMEOUT_S = 300
 
 
