@@ -326,7 +326,7 @@ class ElasticDriver:
         if self.generation > 0:
             self.resets += 1
             if self.reset_limit is not None and self.resets > self.reset_limit:
-                raise ElasticJobError(f"the world would be re-formed a {self.resets}th time, more than "
+                raise ElasticJobError(f"the world would be re-formed {self.resets} time(s), more than "
                                       f"--reset-limit {self.reset_limit}")
         self._form(planned, now)
 

@@ -194,3 +194,11 @@ def test_example_survives_a_killed_worker(script):
     assert "world 2: 2 workers" in out, out[-12000:]
     final = re.search(r"final: workers (\d+)  epochs (\d+)  test accuracy ([0-9.]+)", out)
     assert final and final.group(1, 2) == ("2", "6") and float(final.group(3)) >= 0.8, out[-12000:]
+
+
+def test_reset_limit_ends_the_job_at_the_first_reformation_too_many():
+    job = run_elastic("-np", "3", "--min-np", "1", "--reset-limit", "0", KILL_RANK=2, KILL_STEP=3)
+    assert job.returncode != 0, job
+    assert re.search(r"elastic job failed: the world would be re-formed 1 time\(s\), more than --reset-limit 0",
+                     job.output), job
+    assert not job.lines("FINAL"), job
