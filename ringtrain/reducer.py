@@ -21,10 +21,12 @@ The interface, in the order a training step uses it:
   hook); it returns the bucket when that bucket is complete -- every member arrived `passes_per_step` times -- and not
   yet submitted. `check_passes()` raises when a member arrived more often. While the phase is
   `Phase.LEARNING_ORDER` (overlap, first step) the reducer records the order gradients became final.
-- Submission: `reducer.submit(bucket, arrays, outs=None, sync=False, done=None)` starts the bucket's collective on the
-  arrays (in place when `outs` is None): one array -> one allreduce, several -> one grouped allreduce, both named
-  `bucket.name` with the reducer's op and scale factors. `done(result)` runs when the bucket is waited for (copy
-  back, decompress). `track(bucket, handle, done)` adds any other handle (sparse gradients) to the bucket.
+- Submission: `reducer.submit(bucket, arrays, outs=None, sync=False, done=None, prescaled=False)` starts the
+  bucket's collective on the arrays (in place when `outs` is None): one array -> one allreduce, several -> one
+  grouped allreduce, both named `bucket.name` with the reducer's op and scale factors (prescaled=True: the binding
+  multiplied by the prescale factor while packing). sync=True runs it on the caller's thread. `done(result)` runs
+  when the bucket is waited for (copy back, decompress). `track(bucket, handle, done)` adds any other handle
+  (sparse gradients) to the bucket. `submit_remaining(fn)` calls fn(bucket) for every bucket not yet submitted.
 - Completion: `reducer.wait()` waits for every submitted bucket in bucket order (the same on every rank) and runs
   their `done`; `drain()` waits ignoring errors; `reset_step()` forgets arrivals and pending work (after a step, a
   zero_grad, a failure). `state` is `StepState.OPEN` until `mark_synchronized()`.
