@@ -216,20 +216,65 @@ def test_broadcast_optimizer_state_of_stepped_and_lazy_adam(rt, root):
     if rt.rank() == root:                  # only the root has state; the others' Adam state does not exist yet
         model(torch.ones(2, 6, dtype=torch.float64)).sum().backward()
         opt.step()
+    # the root's own state, sent another way (pickled): every rank must end with exactly this
+    want = rt.broadcast_object(opt.state_dict() if rt.rank() == root else None, root_rank=root,
+                               name=f"check.adam_state.want.{root}")
     rt.broadcast_optimizer_state(opt, root_rank=root)
     state = opt.state_dict()
     everyone = rt.allgather_object(state, name=f"check.adam_state.{root}")
-    assert everyone[0]["param_groups"][0]["lr"] == 0.01 * (root + 1)
+    assert want["param_groups"][0]["lr"] == 0.01 * (root + 1)
     for r, other in enumerate(everyone):
-        assert other["param_groups"] == everyone[0]["param_groups"], f"rank {r}"
-        assert sorted(other["state"]) == sorted(everyone[0]["state"]) == [0, 1, 2, 3]
-        for index, entry in everyone[0]["state"].items():
+        assert other["param_groups"] == want["param_groups"], f"rank {r}"
+        assert sorted(other["state"]) == sorted(want["state"]) == [0, 1, 2, 3]
+        for index, entry in want["state"].items():
             for key, value in entry.items():
-                torch.testing.assert_close(other["state"][index][key], value, rtol=0, atol=0)
+                torch.testing.assert_close(other["state"][index][key], value, rtol=0, atol=0,
+                                           msg=lambda m: f"rank {r}, state {index}.{key}: {m}")
     # all lazy: nobody has state, everyone ends with none and root's hyper-parameters
     fresh = torch.optim.Adam(model.parameters(), lr=0.5 + rt.rank())
     rt.broadcast_optimizer_state(fresh, root_rank=1)
     assert fresh.state_dict()["state"] == {} and fresh.param_groups[0]["lr"] == 1.5
+
+
+class ScaleThenHeavy(torch.nn.Module):
+    """A per-feature scale at the input, a slow parameter-free block, then a Linear: in backward the Linear's two
+    gradients become final, then the slow block runs for milliseconds, then the scale's gradient. All three share
+    one bucket, so the bucket must not go out before the scale's gradient is in."""
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(11)
+        self.scale = torch.nn.Parameter(torch.linspace(0.5, 1.5, 6, dtype=torch.float64))
+        self.register_buffer("mixing", torch.randn(6, 6, dtype=torch.float64) / 3)
+        self.out = torch.nn.Linear(6, 3).double()
+
+    def forward(self, x):
+        h = x * self.scale
+        for _ in range(400):                 # slow in backward, no parameters
+            h = torch.tanh(h @ self.mixing) + h
+        return self.out(h)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("passes", [1, 2])
+def test_bucket_goes_out_only_after_its_last_gradient(rt, passes):
+    data = batches(rt.size(), passes)
+    model, reference = ScaleThenHeavy(), ScaleThenHeavy()
+    opt = rt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                  named_parameters=model.named_parameters(), backward_passes_per_step=passes,
+                                  overlap=True)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05)
+    assert len(opt._ringtrain.reducer.buckets) == 1
+    lo, hi = rt.rank() * SHARD, (rt.rank() + 1) * SHARD
+    for step in data[:4]:
+        opt.zero_grad()
+        ref_opt.zero_grad()
+        for x, y in step:
+            torch.nn.functional.mse_loss(model(x[lo:hi]), y[lo:hi]).backward()
+            torch.nn.functional.mse_loss(reference(x), y).backward()
+        opt.step()
+        ref_opt.step()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-9, msg=lambda m: f"{name}: {m}")
 
 
 class Tower(torch.nn.Module):
