@@ -1,6 +1,6 @@
 """tf.Tensor <-> array without copies where TensorFlow allows it.
 
-Measured with tensorflow-cpu 2.21 (numbers in README, "TensorFlow and Keras"):
+Measured with tensorflow-cpu 2.21 (benchmarks/results/tf_zero_copy.txt; docs/guides/tensorflow.md quotes them):
 - tf -> numpy: `tensor.numpy()` COPIES (TF returns a copy so callers cannot mutate an immutable tensor; 1.2 ms for
   16 MB here). `np.from_dlpack(tensor)` is a read-only view of the same buffer (~1 us at any size). We use the view:
   the core only reads its inputs. bfloat16 (which DLPack-to-numpy lacks) goes as an int16 bitcast, viewed back as

@@ -8,7 +8,7 @@
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
 
-README.md's "Horovod compatibility" table lists every horovod.torch name and how ours differs.
+docs/porting/horovod.md lists every horovod.torch name and how ours differs.
 """
 from ringtrain.errors import (RankFailureError, RingtrainError, StallError, TensorMismatchError,  # noqa: F401
                               UnsupportedDtypeError, UnsupportedOperationError)
