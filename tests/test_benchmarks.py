@@ -322,3 +322,24 @@ def test_soak_quick(tmp_path):
     assert [r["mode"] for r in records] == ["program", "issue", "names"]
     assert all(r["wrong"] == 0 and r["ops_per_rank"] > 0 and r["rss_end_mb"] > 0 for r in records)
     assert records[2]["ops_per_rank"] == 200 and records[2]["rss_warm_mb"] is not None
+
+
+def test_sharded_optimizer_quick(tmp_path):
+    if mpiexec() is None:
+        pytest.skip("mpiexec not found")
+    out_json, out_png = str(tmp_path / "sharded.json"), str(tmp_path / "sharded.png")
+    stdout = run_script([sys.executable, os.path.join(BENCH_DIR, "sharded_optimizer.py"), "--quick",
+                         "--json", out_json, "--png", out_png], timeout=300)
+    with open(out_json) as f:
+        records = {r["mode"]: r for r in json.load(f)["records"]}
+    assert set(records) == {"distributed-optimizer", "shard-optimizer", "shard-gradients", "torch-zero-ddp"}
+    full = records["distributed-optimizer"]["state_mb"]
+    for mode, r in records.items():
+        assert r["ranks_agree"], f"{mode} left different parameters on different ranks"
+        assert r["step_s"] > 0 and r["peak_rss_mb"] > 0
+        if mode != "distributed-optimizer":
+            assert r["max_diff_vs_distributed_optimizer"] < 1e-5, f"{mode} trained a different model"
+            assert r["state_mb"] <= full / 2 * 1.35, f"{mode} keeps {r['state_mb']} MB of state at 2 ranks"
+    assert records["shard-gradients"]["grad_mb"] < records["distributed-optimizer"]["grad_mb"]
+    assert "shard-gradients" in stdout
+    assert_png(out_png)

@@ -373,3 +373,19 @@ def test_parameter_allgather_during_the_next_forward(rt, stage):
     reference, _ = train_reference(make, data)
     assert_close_models(model, reference, rtol, f"gather_parameters=forward, shard={stage}")
     assert_same_on_all_ranks(rt, model, f"check.sharded.forward_gather.{stage}")
+
+
+def test_broadcast_optimizer_state_gives_every_rank_roots_hyperparameters_and_keeps_the_shards(rt):
+    make, rtol = OPTIMIZERS["adam"]
+    data = batches(rt.size() * SHARD, steps=4)
+    model, opt = train_sharded(rt, make, data[:2], "gradients", **CAPS)
+    for group in opt.param_groups:
+        group["lr"] = 0.02 if rt.rank() == 0 else 123.0      # only the root's value may survive
+    rt.broadcast_optimizer_state(opt, root_rank=0)
+    assert all(group["lr"] == 0.02 for group in opt.param_groups)
+    train_sharded(rt, make, data[2:], "gradients", model=model, opt=opt)
+    reference, ref_opt = train_reference(make, data[:2])
+    for group in ref_opt.param_groups:
+        group["lr"] = 0.02
+    train_reference(make, data[2:], model=reference, opt=ref_opt)
+    assert_close_models(model, reference, rtol, "after broadcast_optimizer_state")
