@@ -9,7 +9,8 @@ dominates: a stack of square Linear layers (default 6 x 4096^2 = 100.7 M float32
 two moments, 806 MB). Modes, each with torch.optim.Adam:
   distributed-optimizer   ringtrain.torch.DistributedOptimizer (every rank holds the whole state)
   shard-optimizer         DistributedOptimizer(shard="optimizer"): ZeRO stage 1
-  shard-gradients         DistributedOptimizer(shard="gradients"): ZeRO stage 2
+  shard-gradients         DistributedOptimizer(shard="gradients"): ZeRO stage 2 (reducescatter during backward)
+  shard-gradients-after-backward   the same with overlap=False: buckets reduce-scattered in step(), after backward
   torch-zero-ddp          torch DistributedDataParallel (gloo, gradient_as_bucket_view) + ZeroRedundancyOptimizer
 Per rank it records the median step time (zero_grad, forward, backward, step) over --steps steps after --warmup,
 the optimizer state it holds (bytes of its state tensors, exact), the gradient memory it holds after backward
@@ -31,8 +32,12 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(BENCH_DIR)
 sys.path.append(REPO_ROOT)   # run from a source checkout without pip install
 
-MODES = ("distributed-optimizer", "shard-optimizer", "shard-gradients", "torch-zero-ddp")
-SHARD_OF_MODE = {"shard-optimizer": "optimizer", "shard-gradients": "gradients"}
+MODES = ("distributed-optimizer", "shard-optimizer", "shard-gradients", "shard-gradients-after-backward",
+         "torch-zero-ddp")
+SHARD_OF_MODE = {"shard-optimizer": "optimizer", "shard-gradients": "gradients",
+                 "shard-gradients-after-backward": "gradients"}
+# the optimizer's own choice (overlap=None) except where the mode names the schedule
+OVERLAP_OF_MODE = {"shard-gradients-after-backward": False}
 
 
 # ---------------------------------------------------------------- one job: one mode at N ranks
@@ -99,7 +104,8 @@ def run_job(args):
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
         if mode in SHARD_OF_MODE:
             from ringtrain.torch.sharded import sharded_optimizer
-            optimizer = sharded_optimizer(optimizer, SHARD_OF_MODE[mode], named_parameters=model.named_parameters())
+            optimizer = sharded_optimizer(optimizer, SHARD_OF_MODE[mode], named_parameters=model.named_parameters(),
+                                          overlap=OVERLAP_OF_MODE.get(mode))
             sharding = optimizer._rt_sharding
             inner_state = lambda: sharding.inner.state                   # noqa: E731
             grad_buffers = lambda: [f for f in sharding.flats if f is not None] + [   # noqa: E731

@@ -332,7 +332,8 @@ def test_sharded_optimizer_quick(tmp_path):
                          "--json", out_json, "--png", out_png], timeout=300)
     with open(out_json) as f:
         records = {r["mode"]: r for r in json.load(f)["records"]}
-    assert set(records) == {"distributed-optimizer", "shard-optimizer", "shard-gradients", "torch-zero-ddp"}
+    assert set(records) == {"distributed-optimizer", "shard-optimizer", "shard-gradients",
+                            "shard-gradients-after-backward", "torch-zero-ddp"}
     full = records["distributed-optimizer"]["state_mb"]
     for mode, r in records.items():
         assert r["ranks_agree"], f"{mode} left different parameters on different ranks"
