@@ -103,13 +103,13 @@ def run_job(args):
         trained = model
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
         if mode in SHARD_OF_MODE:
-            from ringtrain.torch.sharded import sharded_optimizer
-            optimizer = sharded_optimizer(optimizer, SHARD_OF_MODE[mode], named_parameters=model.named_parameters(),
-                                          overlap=OVERLAP_OF_MODE.get(mode))
+            optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                                 shard=SHARD_OF_MODE[mode], overlap=OVERLAP_OF_MODE.get(mode))
             sharding = optimizer._rt_sharding
             inner_state = lambda: sharding.inner.state                   # noqa: E731
-            grad_buffers = lambda: [f for f in sharding.flats if f is not None] + [   # noqa: E731
-                t for free in sharding.pool.values() for t in free] + [v.grad for v in sharding.views]
+            grad_buffers = lambda: [v.grad for v in sharding.views] + [   # noqa: E731
+                b.buffer for b in getattr(sharding.gradients, "hooks", None).reducer.buckets
+                if b.buffer is not None] if sharding.stage == 1 else [v.grad for v in sharding.views]
         else:
             optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
             inner_state = lambda: optimizer.state                        # noqa: E731

@@ -40,22 +40,6 @@ class Bucket:
     block_starts: tuple
 
 
-def layout_buckets(nbytes, kinds, first_bucket_bytes, bucket_bytes):
-    """Consecutive runs of parameters (given in submission order) of one kind (dtype, device), each up to
-    bucket_bytes (the first up to first_bucket_bytes, so the first reduction starts early in backward). A parameter
-    larger than the cap gets a bucket of its own. Returns lists of parameter indices."""
-    buckets, current, filled, cap = [], [], 0, first_bucket_bytes
-    for i, (size, kind) in enumerate(zip(nbytes, kinds)):
-        if current and (kinds[current[0]] != kind or filled + size > cap):
-            buckets.append(current)
-            current, filled, cap = [], 0, bucket_bytes
-        current.append(i)
-        filled += size
-    if current:
-        buckets.append(current)
-    return buckets
-
-
 class ShardPlan:
     """The buckets of a model's parameters and each rank's blocks of them, for `size` ranks."""
 

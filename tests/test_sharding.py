@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from ringtrain.sharding import Piece, ShardPlan, layout_buckets, overlaps
+from ringtrain.sharding import Piece, ShardPlan, overlaps
 from ringtrain.transports.base import even_counts
 
 
@@ -45,14 +45,6 @@ def test_blocks_follow_the_reducescatter_split_and_offsets_match_the_buffer():
 def test_a_bucket_smaller_than_the_ranks_leaves_some_ranks_empty():
     plan = ShardPlan([2], [[0]], 4)
     assert [len(plan.pieces(r)) for r in range(4)] == [1, 1, 0, 0]
-
-
-def test_layout_buckets_by_cap_and_kind():
-    eight = ("float64", "cpu")
-    four = ("float32", "cpu")
-    assert layout_buckets([100, 100, 100, 100, 500], [eight] * 5, 150, 250) == [[0], [1, 2], [3], [4]]
-    assert layout_buckets([8, 8, 8], [eight, four, eight], 100, 100) == [[0], [1], [2]]
-    assert layout_buckets([], [], 1, 1) == []
 
 
 def test_overlaps_finds_the_old_pieces_of_a_new_range():

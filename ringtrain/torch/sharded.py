@@ -41,8 +41,8 @@ The step then uses sum(gradients of ranks with data) / size, as DistributedOptim
 """
 import collections
 import contextlib
+import functools
 import inspect
-import itertools
 import os
 import warnings
 import weakref
@@ -52,18 +52,20 @@ import torch
 from ringtrain.errors import RingtrainError, TensorMismatchError
 from ringtrain.model_check import describe_model_mismatch
 from ringtrain.process_sets import global_process_set
-from ringtrain.sharding import ShardPlan, layout_buckets, overlaps
+from ringtrain.reducer import Collective, Reducer, Scaling, instance_prefix, plan_buckets
+from ringtrain.sharding import ShardPlan, overlaps
+from ringtrain.wrapping import adopt, wrapper_class
 
 from . import functions, shared
 from .checkpoint import _write_atomically as write_atomically
 from .compression import Compression
-from .functions import Average, Sum, as_op
+from .functions import Average, Sum, as_op, contiguous, from_array, to_array
+from .optimizer import _ALONE_BYTES, GradientHooks, _name_parameters, default_overlap, parameter_members
 
 STAGES = {"optimizer": 1, "gradients": 2}
 _MB = 1 << 20
 # optimizers whose update is not elementwise: a shard of a parameter would change their result
 _REFUSED = ("Adafactor", "LBFGS", "SparseAdam")
-_instance_counters = collections.defaultdict(itertools.count)
 
 
 class ShardedOptimizerMixin:
@@ -154,9 +156,8 @@ class _Sharding:
         op = as_op(op)
         if op not in (Average, Sum):
             raise ValueError(f"a sharded optimizer reduces gradients with op=Average or Sum, got {op.name}")
-        if gradient_predivide_factor != 1.0 and op != Average:
-            raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor} needs op=Average")
-        if backward_passes_per_step < 1:
+        scaling = Scaling.for_gradients(op, gradient_predivide_factor)
+        if int(backward_passes_per_step) < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
         if overlap not in (None, True, False):
             raise ValueError(f"overlap must be None, True or False, got {overlap!r}")
@@ -166,16 +167,11 @@ class _Sharding:
         self.gathers = {}                                  # bucket -> allgather handle not yet unpacked
         if self.gather_in_forward:
             _install_forward_hook()
-        self.owner, self.stage, self.compression, self.op = owner, stage, compression, op
-        self.passes_per_step = int(backward_passes_per_step)
-        self.scales = (dict(prescale_factor=1.0 / gradient_predivide_factor,
-                            postscale_factor=gradient_predivide_factor) if gradient_predivide_factor != 1.0 else {})
+        self.owner, self.stage = owner, stage
         self.process_set = process_set
         self.size = functions.size() if process_set.process_set_id == 0 else process_set.size()
         self.rank = process_set.rank()
-        set_id = process_set.process_set_id
-        number = next(_instance_counters[set_id])
-        self.prefix = f"ShardedOptimizer{number}" if set_id == 0 else f"ShardedOptimizer.set{set_id}.{number}"
+        self.prefix = instance_prefix("ShardedOptimizer", process_set)
 
         all_params = [p for group in owner.param_groups for p in group["params"]]
         self.index_of = {id(p): i for i, p in enumerate(all_params)}      # torch's numbering in state dicts
@@ -185,30 +181,31 @@ class _Sharding:
             if not p.is_contiguous():
                 raise ValueError(f"parameter {self.names[id(p)]!r} is not contiguous; a shard is a view of it")
         if overlap is None:
-            from .optimizer import default_overlap
             # stage 2 frees each bucket's gradients as it is reduced: that needs the reduction during backward
             overlap = True if stage == 2 else default_overlap(self.params, functions.local_size())
-        self.overlap = self._check_same_model(all_params, overlap)
+        overlap = self._check_same_model(all_params, overlap)
 
-        # buckets in backward order (last layers' gradients are final first)
-        order = list(reversed(range(len(self.params))))
-        nbytes = [self.params[i].numel() * self.params[i].element_size() for i in order]
-        kinds = [(self.params[i].dtype, self.params[i].device) for i in order]
-        layout = layout_buckets(nbytes, kinds, int(first_bucket_mb * _MB), int(bucket_cap_mb * _MB))
-        self.plan = ShardPlan([p.numel() for p in self.params], [[order[j] for j in b] for b in layout], self.size)
+        # the reducer's bucket rule, in backward order (last layers' gradients are final first); a large parameter
+        # alone is reduced and gathered in place
+        self.position = {id(p): i for i, p in enumerate(self.params)}
+        members = parameter_members(self.params, self.names)
+        layout = plan_buckets(list(reversed(members)), int(first_bucket_mb * _MB), int(bucket_cap_mb * _MB),
+                              alone_bytes=_ALONE_BYTES)
+        self.plan = ShardPlan([p.numel() for p in self.params],
+                              [[self.position[id(m.key)] for m in bucket] for bucket in layout], self.size)
         self.bucket_of = self.plan.bucket_of
         self.pieces = self.plan.pieces(self.rank)
         self._build_inner(base)
 
-        self.arrivals = [0] * len(self.params)            # backward passes seen per parameter since the last step
-        self.waiting = [len(b.params) for b in self.plan.buckets]   # parameters of each bucket not yet final
-        self.flats = [None] * len(self.plan.buckets)       # stage 1: persistent flat gradient buffer per bucket
-        self.handles = {}                                  # bucket -> _Reduction, this step
-        self.pool = {}                                     # stage 2: (numel, dtype, device) -> free flat tensors
-        self.synchronized = False
+        if stage == 1:      # gradients allreduced exactly as DistributedOptimizer's (its buckets, views, schedules)
+            self.gradients = _ReplicatedGradients(owner, named_parameters, compression, backward_passes_per_step,
+                                                  op, gradient_predivide_factor, bucket_cap_mb, first_bucket_mb,
+                                                  process_set, overlap)
+        else:               # the reducer's reducescatter buckets, laid out as the plan's
+            self.gradients = _ScatteredGradients(self.params, self.names, self.plan, self.rank, self.prefix,
+                                                 scaling, compression, process_set, backward_passes_per_step,
+                                                 overlap)
         self.consolidated = None
-        self.hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in self.params]
-        self.position = {id(p): i for i, p in enumerate(self.params)}
 
     def _build_inner(self, base):
         """The user's optimizer class over this rank's pieces: 1-D views of the parameters' memory, grouped as the
@@ -249,150 +246,15 @@ class _Sharding:
 
     # ------------------------------------------------------------ gradients
 
-    def _on_gradient(self, p):
-        i = self.position[id(p)]
-        self.arrivals[i] += 1
-        self.synchronized = False
-        if self.overlap and self.arrivals[i] == self.passes_per_step:
-            b = self.bucket_of[i]
-            self.waiting[b] -= 1
-            if self.waiting[b] == 0 and b not in self.handles:
-                self._submit(b, sync=False)
-
-    def _submit(self, b, sync):
-        """Start bucket b's reduction: allreduce in place (stage 1) or reducescatter (stage 2, whose full gradients
-        are then freed). A bucket of one parameter travels in its own .grad; several are packed into one flat
-        tensor (zeros for a parameter without a gradient): stage 1's persistent, stage 2's from a small pool."""
-        bucket = self.plan.buckets[b]
-        params = [self.params[i] for i in bucket.params]
-        pooled = False
-        with torch.no_grad():
-            if len(params) == 1 and params[0].grad is not None and params[0].grad.is_contiguous():
-                flat = params[0].grad.view(-1)              # no copy: reduced where backward left it
-            else:
-                if self.stage == 1:
-                    flat = self.flats[b]
-                    if flat is None:
-                        flat = self.flats[b] = self._empty(bucket.numel, params[0], shared_window=True)
-                else:
-                    flat, pooled = self._pool_take(bucket.numel, params[0]), True
-                for p, start in zip(params, bucket.starts):
-                    target = flat[start:start + p.numel()]
-                    if p.grad is None:
-                        target.zero_()
-                    else:
-                        target.copy_(p.grad.reshape(-1))
-            if self.stage == 2:
-                for p in params:
-                    p.grad = None           # the point of stage 2: only the shard of this bucket stays
-        wire, ctx = self.compression.compress(flat)
-        name = f"{self.prefix}.grad{b}"
-        if self.stage == 1:
-            if sync:
-                functions.allreduce_(wire, name=name, op=self.op, process_set=self.process_set, **self.scales)
-                handle = None
-            else:
-                handle = functions.allreduce_async_(wire, name=name, op=self.op, process_set=self.process_set,
-                                                    **self.scales)
-        else:
-            handle = functions.reducescatter_async(wire, name=name, op=self.op, process_set=self.process_set,
-                                                   **self.scales)
-            if sync:
-                handle.wait()
-        self.handles[b] = _Reduction(handle, flat, wire, ctx, pooled)
-        if self.stage == 2:
-            self._collect_finished()
-
-    def _empty(self, numel, like, shared_window=False):
-        if like.device.type == "cpu" and shared_window:   # in the shm window: allreduced in place, no copies
-            return shared.empty_shared(numel, dtype=like.dtype)
-        return torch.empty(numel, dtype=like.dtype, device=like.device)
-
-    def _pool_take(self, numel, like):
-        free = self.pool.get((numel, like.dtype, like.device))
-        return free.pop() if free else self._empty(numel, like)
-
-    def _collect_finished(self):
-        """Stage 2: take the results of buckets whose reducescatter has finished (never waits), so their full
-        gradients are freed (or their flat tensor is reused) while backward goes on."""
-        for reduction in self.handles.values():
-            if reduction.result is None and reduction.handle.poll():
-                self._fetch(reduction)
-
-    def _fetch(self, reduction):
-        result = reduction.handle.wait() if reduction.handle is not None else reduction.wire
-        reduction.result = self.compression.decompress(result, reduction.ctx)
-        if self.stage == 2:
-            if reduction.pooled:
-                free = self.pool.setdefault((reduction.flat.numel(), reduction.flat.dtype, reduction.flat.device), [])
-                if len(free) < 2:
-                    free.append(reduction.flat)
-            reduction.flat = reduction.wire = None
-        return reduction.result
-
-    def _check_passes(self):
-        over = [self.names[id(self.params[i])] for i, n in enumerate(self.arrivals) if n > self.passes_per_step]
-        if over:
-            raise RingtrainError(f"{len(over)} parameters (e.g. {over[:3]}) got more than backward_passes_per_step="
-                                 f"{self.passes_per_step} backward passes before step(); call step() (or "
-                                 "synchronize()) every backward_passes_per_step passes")
-
     def synchronize(self):
-        if self.synchronized:
+        """Reduce every gradient bucket (those backward did not submit too), then point each piece's .grad at its
+        slice of the averaged gradient."""
+        if self.gradients.is_synchronized():
             return
-        try:
-            self._check_passes()
-            for b in range(len(self.plan.buckets)):       # same order on every rank
-                if b not in self.handles:
-                    self._submit(b, sync=not self.overlap)
-            self._finish_reductions()
-        finally:
-            self._reset_step()
-        self.synchronized = True
-
-    def _finish_reductions(self):
-        """Wait for every bucket and hand each piece of this rank its slice of the averaged gradient."""
-        block_grads = {}
+        self.gradients.synchronize()
         with torch.no_grad():
-            for b in sorted(self.handles):
-                reduction = self.handles[b]
-                result = reduction.result if reduction.result is not None else self._fetch(reduction)
-                if self.stage == 2:
-                    block_grads[b] = result.reshape(-1)
-                    continue
-                flat = reduction.flat
-                if result is not flat:                  # compressed: the wire came back in another dtype
-                    flat.copy_(result)
-                bucket = self.plan.buckets[b]
-                params = [self.params[i] for i in bucket.params]
-                for p, start in zip(params, bucket.starts):   # every rank keeps the whole averaged gradient
-                    if p.grad is not None and p.grad.data_ptr() == flat.data_ptr() and p.numel() == flat.numel():
-                        continue                               # reduced in its own .grad
-                    if p.grad is None or not p.grad.is_contiguous():
-                        p.grad = torch.empty_like(p, memory_format=torch.contiguous_format)
-                    p.grad.copy_(flat[start:start + p.numel()].view_as(p))
             for piece, view in zip(self.pieces, self.views):
-                lo = piece.offset - self.plan.buckets[piece.bucket].block_starts[self.rank]
-                if self.stage == 2:
-                    view.grad = block_grads[piece.bucket][lo:lo + piece.length]
-                else:
-                    # a view of the parameter's own .grad, so clipping or inspecting .grad sees the same numbers
-                    p = self.params[piece.param]
-                    view.grad = p.grad.view(-1)[piece.start:piece.start + piece.length]
-
-    def _reset_step(self):
-        self.handles = {}
-        self.arrivals = [0] * len(self.params)
-        self.waiting = [len(b.params) for b in self.plan.buckets]
-
-    def _drain(self):
-        for reduction in self.handles.values():
-            if reduction.handle is not None:
-                try:
-                    reduction.handle.wait()
-                except RingtrainError:
-                    pass
-        self._reset_step()
+                view.grad = self.gradients.piece_gradient(piece, self.params[piece.param])
 
     # ------------------------------------------------------------ the step
 
@@ -406,7 +268,7 @@ class _Sharding:
         for group, mine in zip(self.owner.param_groups, self.inner.param_groups):
             mine.update(_hyperparameters(group))        # lr schedulers change the user's groups
         result = self.inner.step()
-        self.synchronized = False
+        self.gradients.reopen()
         for view in self.views:
             view.grad = None
         if self.gather_in_forward:
@@ -487,22 +349,18 @@ class _Sharding:
         return total.to(like.dtype)
 
     def zero_grad(self, set_to_none):
-        if any(r.handle is not None and not r.handle.poll() for r in self.handles.values()):
-            raise RingtrainError("optimizer.zero_grad() was called after loss.backward() but before "
-                                 "optimizer.step(): gradient buckets are still being reduced "
-                                 f"(buckets {sorted(self.handles)})")
-        self._drain()
-        self.synchronized = False
+        others = self.gradients.zero_grad(set_to_none)
         for view in self.views:
             view.grad = None
-        for p in self.params:
-            if p.grad is None:
-                continue
-            if set_to_none:
-                p.grad = None
-            else:
-                p.grad.detach_()
-                p.grad.zero_()
+        with torch.no_grad():
+            for p in self.params if others is None else others:    # torch's own zero_grad for the rest
+                if p.grad is None:
+                    continue
+                if set_to_none:
+                    p.grad = None
+                else:
+                    p.grad.detach_()
+                    p.grad.zero_()
 
     # ------------------------------------------------------------ uneven inputs
 
@@ -625,8 +483,7 @@ class _Sharding:
         self.inner.load_state_dict({"state": inner_state, "param_groups": [
             dict(_hyperparameters(group), params=[self.inner_index[id(v)] for v in mine["params"]])
             for group, mine in zip(self.owner.param_groups, self.inner.param_groups)]})
-        self._reset_step()
-        self.synchronized = False
+        self.gradients.drop_pending()
 
     def scatter_from(self, state_dict, root):
         """Collective: root's full state dict (None on the other ranks) loaded at every rank. Scalars travel
@@ -741,14 +598,133 @@ def _install_forward_hook():
         _forward_hook = torch.nn.modules.module.register_module_forward_pre_hook(_finish_gathers_before_forward)
 
 
-class _Reduction:
-    """One bucket's collective in flight: what was sent (flat, and wire when compressed), its handle (None when run
-    synchronously) and, once fetched, its result (decompressed)."""
-    __slots__ = ("handle", "flat", "wire", "ctx", "pooled", "result")
+class _ReplicatedGradients:
+    """Stage 1: the gradients reduced by DistributedOptimizer's own GradientHooks (allreduce buckets, .grad views of
+    them, either schedule); a piece's gradient is a view of its parameter's averaged .grad."""
 
-    def __init__(self, handle, flat, wire, ctx, pooled):
-        self.handle, self.flat, self.wire, self.ctx, self.pooled = handle, flat, wire, ctx, pooled
-        self.result = None
+    def __init__(self, owner, named_parameters, compression, backward_passes_per_step, op, gradient_predivide_factor,
+                 bucket_cap_mb, first_bucket_mb, process_set, overlap):
+        self.hooks = GradientHooks(owner, named_parameters, compression, backward_passes_per_step, op,
+                                   gradient_predivide_factor, bucket_cap_mb, first_bucket_mb, None, True,
+                                   process_set, overlap)
+
+    def is_synchronized(self):
+        return self.hooks.reducer.is_synchronized()
+
+    def synchronize(self):
+        self.hooks.synchronize()
+
+    @staticmethod
+    def piece_gradient(piece, param):
+        # a view of the parameter's own .grad, so clipping or inspecting .grad sees the same numbers
+        return param.grad.view(-1)[piece.start:piece.start + piece.length]
+
+    def reopen(self):
+        self.hooks.reducer.reopen()
+
+    def zero_grad(self, set_to_none):
+        return self.hooks.zero_grad(set_to_none)
+
+    def drop_pending(self):
+        self.hooks.drop_pending()
+
+
+class _ScatteredGradients:
+    """Stage 2: a Reducer of reducescatter buckets laid out as the shard plan's (user groups: never re-laid). A
+    bucket of one parameter travels in its own .grad; several are packed into a flat tensor; either way the full
+    gradients are dropped once submitted, and only this rank's shard of each bucket is kept."""
+
+    def __init__(self, params, names, plan, rank, prefix, scaling, compression, process_set, passes_per_step,
+                 overlap):
+        self.params, self.plan, self.rank = params, plan, rank
+        self.reducer = Reducer(parameter_members(params, names), prefix=prefix, scaling=scaling,
+                               compression=compression, process_set=process_set, passes_per_step=passes_per_step,
+                               overlap=overlap, groups=[[params[i] for i in b.params] for b in plan.buckets],
+                               collective=Collective.REDUCESCATTER)
+        self.shards = {}                 # bucket index -> this rank's block of the averaged bucket (1-D)
+        self.hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in params]
+
+    def _on_gradient(self, param):
+        bucket = self.reducer.arrived(param)
+        if bucket is not None and self.reducer.overlap:
+            self._submit(bucket, sync=False)
+
+    def _submit(self, bucket, sync):
+        params = bucket.keys
+        with torch.no_grad():
+            if len(params) == 1 and params[0].grad is not None and params[0].grad.is_contiguous():
+                flat = params[0].grad.view(-1)              # no copy: reduced where backward left it
+            else:
+                like = params[0]
+                flat = torch.empty(sum(p.numel() for p in params), dtype=like.dtype, device=like.device)
+                for p, start in zip(params, self.plan.buckets[bucket.index].starts):
+                    target = flat[start:start + p.numel()]
+                    if p.grad is None:      # no gradient this step: zeros keep every rank's bucket identical
+                        target.zero_()
+                    else:
+                        target.copy_(p.grad.reshape(-1))
+            for p in params:
+                p.grad = None               # the point of stage 2: only the shard of this bucket stays
+        wire, ctx = self.reducer.compress(flat)
+        # the request alone holds the full bucket now: it is freed as soon as the reducescatter has run
+        self.reducer.submit(bucket, [to_array(contiguous(wire))], sync=sync,
+                            done=functools.partial(self._keep_shard, bucket.index, ctx))
+
+    def _keep_shard(self, index, ctx, result):
+        self.shards[index] = self.reducer.decompress(from_array(result), ctx).reshape(-1)
+
+    def is_synchronized(self):
+        return self.reducer.is_synchronized()
+
+    def synchronize(self):
+        reducer = self.reducer
+        try:
+            reducer.check_passes()
+        except RingtrainError:
+            reducer.drain()
+            reducer.reset_step()
+            raise
+        try:
+            reducer.submit_remaining(functools.partial(self._submit, sync=not reducer.overlap))
+            with torch.no_grad():
+                reducer.wait()
+            reducer.learn_order()           # (the plan's buckets stay: only the phase moves on)
+        except BaseException:
+            reducer.reset_step()
+            raise
+        reducer.reset_step()
+        reducer.mark_synchronized()
+
+    def piece_gradient(self, piece, param):
+        lo = piece.offset - self.plan.buckets[piece.bucket].block_starts[self.rank]
+        return self.shards[piece.bucket][lo:lo + piece.length]
+
+    def reopen(self):
+        self.shards = {}
+        self.reducer.reopen()
+
+    def zero_grad(self, set_to_none):
+        reducer = self.reducer
+        if reducer.pending and reducer.only_failed_pending():
+            reducer.reset_step()
+        if reducer.pending:
+            raise RingtrainError("optimizer.zero_grad() was called after loss.backward() but before "
+                                 "optimizer.step(): gradient buckets are still being reduce-scattered "
+                                 f"(buckets {sorted(reducer.pending)})")
+        reducer.reset_step()
+        self.shards = {}
+        return None
+
+    def drop_pending(self):
+        reducer = self.reducer
+        if reducer.pending:
+            try:
+                reducer.drain()
+            finally:
+                reducer.reset_step()
+        reducer.reset_step()
+        reducer.reopen()
+        self.shards = {}
 
 
 class _OldPiece:
@@ -773,16 +749,6 @@ def _copy(value):
     return value.clone() if isinstance(value, torch.Tensor) else value
 
 
-def _name_parameters(all_params, named_parameters):
-    if named_parameters is None:
-        return {id(p): f"param.{i}" for i, p in enumerate(all_params)}
-    by_id = {id(p): name for name, p in named_parameters}
-    return {id(p): by_id.get(id(p), f"param.{i}") for i, p in enumerate(all_params)}
-
-
-_wrapper_classes = {}
-
-
 def sharded_optimizer(optimizer, shard, named_parameters=None, compression=Compression.none,
                       backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                       process_set=global_process_set, bucket_cap_mb=25, first_bucket_mb=1.0, overlap=None,
@@ -790,14 +756,10 @@ def sharded_optimizer(optimizer, shard, named_parameters=None, compression=Compr
     """What DistributedOptimizer(optimizer, shard=...) returns; see the module docstring."""
     if shard not in STAGES:
         raise ValueError(f"shard must be one of {sorted(STAGES)} (or None for no sharding), got {shard!r}")
-    if isinstance(optimizer, ShardedOptimizerMixin):
-        raise ValueError("this optimizer is already sharded")
-    base = optimizer.__class__
-    cls = _wrapper_classes.get(base)
-    if cls is None:
-        cls = _wrapper_classes[base] = type(base.__name__, (ShardedOptimizerMixin, base), {})
-    wrapped = cls.__new__(cls)
-    wrapped.__dict__.update(optimizer.__dict__)
+    if named_parameters is not None:
+        named_parameters = list(named_parameters)      # (read twice at stage 1: here and by GradientHooks)
+    # the same param_groups, defaults and hooks: the wrapper IS the user's optimizer
+    wrapped = adopt(wrapper_class(ShardedOptimizerMixin, optimizer.__class__), optimizer)
     if any(float(entry.get("step", 0)) for entry in wrapped.state.values()):   # (Adagrad's starts at step 0)
         warnings.warn("the optimizer already has state; it is dropped when sharding (load it afterwards with "
                       "load_state_dict)", stacklevel=3)

@@ -12,7 +12,6 @@ import torch
 
 import ringtrain.torch as hvd
 from ringtrain.errors import RingtrainError
-from ringtrain.torch.sharded import sharded_optimizer
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -78,7 +77,7 @@ def train_reference(make, data, model=None, opt=None, rows_of=None):
 
 
 def shard(opt, model, stage, **options):
-    return sharded_optimizer(opt, stage, named_parameters=model.named_parameters(), **options)
+    return hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), shard=stage, **options)
 
 
 def train_sharded(rt, make, data, stage, model=None, opt=None, rank=None, size=None, **options):
