@@ -402,16 +402,21 @@ class _DistributedOptimizerMixin:
         others = self._ringtrain.zero_grad(set_to_none)
         if others is None:
             return super().zero_grad(set_to_none)
-        with torch.no_grad():
-            for p in others:     # torch's own zero_grad for gradients that are not bucket views
-                if p.grad is None:
-                    continue
-                if set_to_none:
-                    p.grad = None
-                else:
-                    p.grad.detach_()
-                    p.grad.zero_()
+        clear_gradients(others, set_to_none)     # torch's own zero_grad for gradients that are not bucket views
         return None
+
+
+@torch.no_grad()
+def clear_gradients(params, set_to_none):
+    """torch.optim.Optimizer.zero_grad's rule for these parameters' gradients."""
+    for p in params:
+        if p.grad is None:
+            continue
+        if set_to_none:
+            p.grad = None
+        else:
+            p.grad.detach_()
+            p.grad.zero_()
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none, backward_passes_per_step=1,

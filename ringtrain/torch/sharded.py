@@ -60,7 +60,8 @@ from . import functions, shared
 from .checkpoint import _write_atomically as write_atomically
 from .compression import Compression
 from .functions import Average, Sum, as_op, contiguous, from_array, to_array
-from .optimizer import _ALONE_BYTES, GradientHooks, _name_parameters, default_overlap, parameter_members
+from .optimizer import (_ALONE_BYTES, GradientHooks, _name_parameters, clear_gradients, default_overlap,
+                        parameter_members)
 
 STAGES = {"optimizer": 1, "gradients": 2}
 _MB = 1 << 20
@@ -352,15 +353,7 @@ class _Sharding:
         others = self.gradients.zero_grad(set_to_none)
         for view in self.views:
             view.grad = None
-        with torch.no_grad():
-            for p in self.params if others is None else others:    # torch's own zero_grad for the rest
-                if p.grad is None:
-                    continue
-                if set_to_none:
-                    p.grad = None
-                else:
-                    p.grad.detach_()
-                    p.grad.zero_()
+        clear_gradients(self.params if others is None else others, set_to_none)
 
     # ------------------------------------------------------------ uneven inputs
 
