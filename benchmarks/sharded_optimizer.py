@@ -231,6 +231,8 @@ def main():
                 rounds.append([summarize(job, reference if mode != "distributed-optimizer" else None)
                                for mode, job in jobs.items()])
             records += merge_rounds(rounds)
+    print(f"# benchmarks/sharded_optimizer.py {' '.join(sys.argv[1:])}\n# commit {common.source_commit()}, "
+          f"{time.strftime('%Y-%m-%d %H:%M %z')}, load average at the end {os.getloadavg()[0]:.1f}")
     print(table(records))
     if args.json:
         common.write_json(args.json, dict(machine=common.machine_info(), args=vars(args), records=records))
