@@ -91,6 +91,7 @@ class ElasticDriver:
         self.generation = 0
         self.resets = 0
         self.forming = None             # while a world is being formed: {"members", "next", "deadline", "port"}
+        self.failed_at = None           # when a worker of the current world failed (its survivors must leave it)
         self.finishing = False
         self.below_min_since = None
         self.update_seq = 0
@@ -285,6 +286,7 @@ class ElasticDriver:
         _say(f"worker {worker.label()}{where} {how}; host {worker.host} blacklisted {cooldown}"
              + (f"; {len(survivors)} workers left" if in_world else ""))
         if in_world:
+            self.failed_at = self.failed_at or now
             for member in survivors:
                 self._send(member, "peer_failed", generation=self.generation,
                            reason=f"worker {worker.label()} (rank {worker.rank}) {how}")
@@ -341,6 +343,7 @@ class ElasticDriver:
         for worker in self.workers:
             if worker.generation is not None and worker not in planned:
                 worker.generation = worker.rank = None
+        self.failed_at = None
         self.forming = {"members": planned, "next": 1, "deadline": now + self.formation_timeout_s, "port": None}
         for rank, worker in enumerate(planned):
             worker.rank, worker.generation, worker.ready_at = rank, self.generation, None
@@ -368,6 +371,11 @@ class ElasticDriver:
     def _advance_formation(self, now):
         if self.forming is not None and now > self.forming["deadline"]:
             raise ElasticJobError(f"world {self.generation} was not formed within {self.formation_timeout_s:g} s")
+        waiting = [w.label() for w in self.world if not w.gone and w.ready_at is None]
+        if self.failed_at is not None and waiting and now - self.failed_at > self.formation_timeout_s:
+            # a survivor blocked where no watchdog reaches (a blocking MPI call while its world was set up)
+            raise ElasticJobError(f"workers {', '.join(waiting)} did not leave world {self.generation} within "
+                                  f"{self.formation_timeout_s:g} s of a failure in it")
 
     # ------------------------------------------------------------------------------------------------ the end
     def _stop_outsiders(self):
