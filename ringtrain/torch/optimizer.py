@@ -421,8 +421,7 @@ def clear_gradients(params, set_to_none):
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none, backward_passes_per_step=1,
                          op=Average, gradient_predivide_factor=1.0, num_groups=0, groups=None, sparse_as_dense=False,
-                         process_set=global_process_set, bucket_cap_mb=25, first_bucket_mb=1.0, overlap=None,
-                         shard=None, gather_parameters="step"):
+                         process_set=global_process_set, bucket_cap_mb=25, first_bucket_mb=1.0, overlap=None):
     """Return `optimizer` wrapped for data-parallel training: still an instance of its own class (isinstance works),
     with the same param_groups and state, whose step() first averages gradients over the ranks of `process_set`.
 
@@ -436,21 +435,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     process_set: the ranks that train this model together (see add_process_set); every member must wrap it.
     overlap: True = allreduce buckets during backward, False = in step() after backward, None = choose by hardware
     (after backward on a CPU with no core to spare for the engine's thread, overlap otherwise); see the module doc.
-    shard: None (every rank keeps the whole optimizer state), "optimizer" (ZeRO stage 1: each rank keeps and steps
-    the state of 1/N of the parameters, then the ranks allgather them) or "gradients" (ZeRO stage 2: gradients are
-    reduce-scattered too, so each rank also keeps only its shard of them); gather_parameters ("step" or "forward")
-    says when a sharded step's parameter allgather finishes. See ringtrain.torch.sharded.
     """
     if isinstance(optimizer, _DistributedOptimizerMixin):
         raise ValueError("this optimizer is already a DistributedOptimizer")
-    if shard is not None:
-        if groups is not None or num_groups or sparse_as_dense:
-            raise ValueError("groups, num_groups and sparse_as_dense are not supported with shard=: a sharded "
-                             "optimizer lays out its own buckets, and sparse gradients travel dense")
-        from .sharded import sharded_optimizer   # (imports this module)
-        return sharded_optimizer(optimizer, shard, named_parameters, compression, backward_passes_per_step, op,
-                                 gradient_predivide_factor, process_set, bucket_cap_mb, first_bucket_mb, overlap,
-                                 gather_parameters)
     # same param_groups, state, defaults and hooks: the wrapper IS the user's optimizer, plus gradient hooks
     wrapped = adopt(wrapper_class(_DistributedOptimizerMixin, optimizer.__class__), optimizer)
     if num_groups and groups is None:
