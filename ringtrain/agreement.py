@@ -220,6 +220,7 @@ class CycleAgreement(CoordinatorAgreement):
         self._touch = self.coordinator.cache.touch if self.coordinator is not None else None
         self._eager = {}                 # id -> Request that may travel eagerly (small host allreduce)
         self._single_actions = {}        # id -> its Collective on the buffers (the same few recur every step)
+        self._eager_actions = {}         # (id, slot parity) -> its Collective on the slots
         self._peers = exchange.peers
         self._eager_bytes = exchange.eager_bytes
 
@@ -300,9 +301,16 @@ class CycleAgreement(CoordinatorAgreement):
         exchange = self._exchange
         if not exchange.eager_everywhere(cid, nbytes):
             return None
-        dtype = DTYPES[meta.dtype]
-        slots = tuple(exchange.eager_data(p, nbytes, dtype) for p in range(self.size))
-        return Collective.of("allreduce", (name,), (meta,), self.size, source=Source.SLOTS, slots=slots)
+        # made once per (id, slot parity): the slot views of a parity are the same arrays every other cycle, and a
+        # small allreduce must not pay for building the record each time (~5 us of a ~16 us 4 KB express call)
+        key = (cid, self._cycle % 2)
+        action = self._eager_actions.get(key)
+        if action is None:
+            dtype = DTYPES[meta.dtype]
+            slots = tuple(exchange.eager_data(p, nbytes, dtype) for p in range(self.size))
+            action = self._eager_actions[key] = Collective.of("allreduce", (name,), (meta,), self.size,
+                                                              source=Source.SLOTS, slots=slots)
+        return action
 
     # ---- express -------------------------------------------------------------------------------------------
     def express(self, name, meta, array, out, make_request):
@@ -418,6 +426,8 @@ class CycleAgreement(CoordinatorAgreement):
         if changed:
             for cid in changed:
                 self._single_actions.pop(cid, None)
+                self._eager_actions.pop((cid, 0), None)
+                self._eager_actions.pop((cid, 1), None)
             self._words = self.cache.highest // 64 + 1
         return changed
 
