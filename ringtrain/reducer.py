@@ -143,10 +143,10 @@ class Bucket:
     arrivals: list = dataclasses.field(default_factory=list)   # keys, one per arrival this step (hooks append)
     buffer: object = None              # the binding's persistent flat buffer, made at the first flat submit
     views: object = None               # views of buffer shaped like the members
+    keys: list = dataclasses.field(init=False)   # the members' keys, in order (read every step: made once)
 
-    @property
-    def keys(self):
-        return [m.key for m in self.members]
+    def __post_init__(self):
+        self.keys = [m.key for m in self.members]
 
 
 @dataclasses.dataclass(eq=False)
@@ -274,6 +274,11 @@ class Reducer:
     def bucket_of(self, key):
         """The bucket of a member's key, or None for a key the reducer does not hold (e.g. a frozen parameter)."""
         return self._bucket_of.get(id(key))
+
+    def unbucketed(self, keys):
+        """The keys of `keys` that are in no bucket (a binding's frozen parameters), in one pass."""
+        bucket_of = self._bucket_of
+        return [key for key in keys if id(key) not in bucket_of]
 
     def name_of(self, key):
         return self._member_of[id(key)].name

@@ -324,7 +324,7 @@ class GradientHooks:
         if all(bucket.views is None for bucket in reducer.buckets):
             return None
         # not in any bucket: frozen at construction (a parameter unfrozen later still has torch's semantics)
-        others = [p for p in self.all_params() if reducer.bucket_of(p) is None]
+        others = reducer.unbucketed(self.all_params())
         for bucket in reducer.buckets:
             if bucket.views is None:
                 others += bucket.keys
