@@ -16,7 +16,7 @@ from ringtrain.ops import ReduceOp, resolve_op
 from ringtrain.process_sets import ProcessSet, global_process_set
 
 from . import gradients
-from .arrays import Wire, check_reduction, check_scales
+from .arrays import Wire, aligned_empty, check_reduction, check_scales
 from .host_call import collective_primitive, differentiable, same_avals
 from .naming import collective_name
 
@@ -35,17 +35,19 @@ def _run(*arrays, spec):
     wires = [Wire(a, spec.op) for a in arrays]
     for w in wires:
         check_scales(w, spec.prescale_factor, spec.postscale_factor, f"allreduce {spec.name!r}")
+    # results land in 64-byte-aligned buffers, so eagerly they become jax.Arrays without a copy (arrays.to_jax)
+    outs = [aligned_empty(w.array.shape, w.array.dtype) for w in wires]
     op = wires[0].op if len({w.op for w in wires}) == 1 else None
     if op is None:                           # unsigned Average next to other dtypes: one request per wire op
         results = [_core.allreduce(w.array, w.op, f"{spec.name}.{i}", spec.prescale_factor,
-                                   spec.postscale_factor, process_set=spec.process_set)
-                   for i, w in enumerate(wires)]
+                                   spec.postscale_factor, out=out, process_set=spec.process_set)
+                   for i, (w, out) in enumerate(zip(wires, outs))]
     elif len(wires) == 1:
         results = [_core.allreduce(wires[0].array, op, spec.name, spec.prescale_factor, spec.postscale_factor,
-                                   process_set=spec.process_set)]
+                                   out=outs[0], process_set=spec.process_set)]
     else:
         results = _core.grouped_allreduce([w.array for w in wires], op, spec.name, spec.prescale_factor,
-                                          spec.postscale_factor, process_set=spec.process_set)
+                                          spec.postscale_factor, outs=outs, process_set=spec.process_set)
     size = spec.process_set.size()
     return [w.back(r, size) for w, r in zip(wires, results)]
 
