@@ -12,7 +12,8 @@ one machine):
                 the reset callbacks
   state sync    -> sync(): rank 0's parameters, optimizer state and object state broadcast, the sampler record
   first step    -> the first training step of the new world completed (its allreduces included)
-The table gives the median over --repeats jobs, and the total's min and max. Workers use one thread each.
+The table gives the median over the jobs that recovered, the total's min and max, and how many of --repeats jobs
+did not recover (within --job-timeout seconds). Workers use one thread each.
 """
 import argparse
 import json
@@ -67,11 +68,16 @@ def one_job(n, timeout_s):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "ringtrain.run", "-np", str(n), "--min-np", str(n - 1),
            sys.executable, os.path.abspath(__file__), "--worker"]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    try:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as expired:       # the workers die with the driver (PR_SET_PDEATHSIG)
+        print(f"{n} workers: no recovery within {timeout_s} s:\n{(expired.stderr or b'')[-2000:]}", file=sys.stderr)
+        return None
     kill = re.search(r"^KILL ([\d.]+)$", done.stdout, re.M)
     recovery = re.search(r"^RECOVERY (\{.*\})$", done.stdout, re.M)
     if done.returncode != 0 or not kill or not recovery:
-        raise RuntimeError(f"{n} workers: exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        print(f"{n} workers: exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}", file=sys.stderr)
+        return None
     t = json.loads(recovery.group(1))
     t_kill = float(kill.group(1))
     return {"detection": t["error"] - t_kill, "reformation": t["reformed"] - t["error"],
@@ -84,22 +90,28 @@ def main():
     parser.add_argument("--workers", type=int, nargs="+", default=[2, 3, 4])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json")
+    parser.add_argument("--job-timeout", type=int, default=60, help="a job not done by then counts as failed")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         return worker()
     results = {}
     header = f"{'workers':>7} {'detection_s':>11} {'reform_s':>9} {'sync_s':>7} {'first_step_s':>12} " \
-             f"{'total_s':>8} {'min_s':>6} {'max_s':>6}  (median of {args.repeats})"
+             f"{'total_s':>8} {'min_s':>6} {'max_s':>6} {'failed':>6}  (median of the jobs that recovered)"
     print(header, flush=True)
     for n in args.workers:
-        runs = [one_job(n, timeout_s=300) for _ in range(args.repeats)]
+        runs = [one_job(n, timeout_s=args.job_timeout) for _ in range(args.repeats)]
+        failed = sum(r is None for r in runs)
+        runs = [r for r in runs if r is not None]
+        if not runs:
+            print(f"{n:>7} every job failed")
+            continue
         median = {k: statistics.median(r[k] for r in runs) for k in PHASES + ("total",)}
         totals = [r["total"] for r in runs]
-        results[n] = {"runs": runs, "median": median}
+        results[n] = {"runs": runs, "median": median, "failed": failed}
         print(f"{n:>7} {median['detection']:>11.3f} {median['reformation']:>9.3f} {median['sync']:>7.3f} "
-              f"{median['first_step']:>12.3f} {median['total']:>8.3f} {min(totals):>6.2f} {max(totals):>6.2f}",
-              flush=True)
+              f"{median['first_step']:>12.3f} {median['total']:>8.3f} {min(totals):>6.2f} {max(totals):>6.2f} "
+              f"{failed:>6}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"workers": results, "kill_step": KILL_STEP, "machine_cores": os.cpu_count(),

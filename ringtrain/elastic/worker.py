@@ -19,7 +19,6 @@ import queue
 import socket
 import sys
 import threading
-import time
 import traceback
 
 from ..errors import RankFailureError

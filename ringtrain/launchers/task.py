@@ -4,16 +4,15 @@ torch.distributed-style variables that make init() join it to the others, and ha
 MPI stays the engine: Spark and Ray only decide where each rank's process runs. The mpiexec child is tied to the
 task's process (PR_SET_PDEATHSIG), so a task the scheduler kills takes its rank down with it.
 """
-import ctypes
 import os
 import pickle
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 
 from ..errors import RingtrainError
+from .child import die_with_parent
 
 
 class RankFailedError(RingtrainError):
@@ -40,13 +39,6 @@ def host_address():
         return "127.0.0.1"
 
 
-def _die_with_parent():
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)     # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001 -- best effort (Linux only)
-        pass
-
-
 def run_rank(payload, rank, size, master_addr, master_port, env=None):
     """Run one rank; return the cloudpickled value fn returned, or raise RankFailedError naming the rank."""
     from ..run import find_mpiexec
@@ -59,7 +51,7 @@ def run_rank(payload, rank, size, master_addr, master_port, env=None):
         cmd = [find_mpiexec(), "-n", "1", sys.executable, "-m", "ringtrain.launchers.worker", payload_path,
                result_path]
         proc = subprocess.run(cmd, env=rank_env, stdin=subprocess.DEVNULL, stdout=None, stderr=subprocess.PIPE,
-                              preexec_fn=_die_with_parent)
+                              preexec_fn=die_with_parent)
         if os.path.exists(result_path):
             with open(result_path, "rb") as f:
                 kind, value = pickle.load(f)
