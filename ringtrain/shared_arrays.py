@@ -16,7 +16,7 @@ import numpy as np
 from . import state
 
 
-def empty_shared(shape, dtype=np.float32):
+def empty_shared(shape: "int | tuple", dtype=np.float32) -> np.ndarray:
     """An uninitialised C-contiguous numpy array, in the shared window when the host transport has one."""
     dtype = np.dtype(dtype)
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)

@@ -11,7 +11,7 @@ _lock = threading.Lock()
 _state = None     # (topology, engine, config, gpu_id) while initialised
 
 
-def init(comm=None, process_sets=None, **config_overrides):
+def init(comm=None, process_sets: "list | None" = None, **config_overrides) -> None:
     """Start ringtrain on `comm` (default MPI.COMM_WORLD): topology, GPU binding, transports, engine thread.
     process_sets: ProcessSets (or lists of world ranks) to register right away, as add_process_set() would
     ("dynamic", Horovod's switch for adding sets later, is accepted: sets can always be added and removed).
@@ -163,7 +163,7 @@ def gpu_device() -> "int | None":
     return _get()[3]
 
 
-def config():
+def config() -> Config:
     """The settings in force (a ringtrain.config.Config): RINGTRAIN_* environment variables and init() keywords."""
     return _get()[2]
 

@@ -35,11 +35,15 @@ def undocumented(module):
     return missing
 
 
-@pytest.mark.parametrize("module_name", MODULES)
-def test_every_public_name_has_a_docstring(module_name):
+def imported(module_name):
     if module_name != "ringtrain" and module_name != "ringtrain.torch":
         pytest.importorskip("tensorflow", reason="TensorFlow is not installed (the tensorflow extra)")
-    module = importlib.import_module(module_name)
+    return importlib.import_module(module_name)
+
+
+@pytest.mark.parametrize("module_name", MODULES)
+def test_every_public_name_has_a_docstring(module_name):
+    module = imported(module_name)
     assert len(public_names(module)) > 20
     missing = undocumented(module)
     assert not missing, f"{module_name}: public names without a docstring: {missing}"
@@ -65,3 +69,41 @@ def test_the_check_catches_a_missing_docstring():
     module.bare_constant = Bare()
     module.Documented, module.Inherits = Documented, Inherits
     assert sorted(undocumented(module)) == ["Inherits", "bare", "bare_constant"]
+
+
+def unannotated(module):
+    """Public functions with neither a return annotation nor any parameter annotation."""
+    bare = []
+    for name in public_names(module):
+        obj = getattr(module, name)
+        if not inspect.isfunction(obj):
+            continue
+        signature = inspect.signature(obj)
+        if signature.return_annotation is inspect.Signature.empty and all(
+                p.annotation is inspect.Parameter.empty for p in signature.parameters.values()):
+            bare.append(name)
+    return bare
+
+
+@pytest.mark.parametrize("module_name", MODULES)
+def test_every_public_function_has_type_hints(module_name):
+    module = imported(module_name)
+    bare = unannotated(module)
+    assert not bare, f"{module_name}: public functions without any type hints: {bare}"
+
+
+def test_the_check_catches_a_function_without_hints():
+    import types
+    module = types.ModuleType("example")
+
+    def returns_hinted() -> None:
+        """Has one."""
+
+    def parameter_hinted(x: int, y=0):
+        """Has one."""
+
+    def bare(x, y=0):
+        """Has none."""
+    module.returns_hinted, module.parameter_hinted, module.bare = returns_hinted, parameter_hinted, bare
+    module.not_a_function = 3
+    assert unannotated(module) == ["bare"]

@@ -125,7 +125,8 @@ class _DistributedOptimizerMixin:
 
 def DistributedOptimizer(optimizer, name=None, compression=Compression.none, sparse_as_dense=False,
                          backward_passes_per_step=1, average_aggregated_gradients=False, op=Average,
-                         gradient_predivide_factor=1.0, bucket_cap_mb=25, process_set=None):
+                         gradient_predivide_factor: float = 1.0, bucket_cap_mb: float = 25,
+                         process_set=None) -> "tf.keras.optimizers.Optimizer":
     """Return a Keras 3 optimizer of `optimizer`'s own class and configuration whose updates use gradients averaged
     over all ranks. Wrap it before its first step: it is rebuilt from optimizer.get_config(), so state the original
     already holds is not carried over.

@@ -15,17 +15,17 @@ def _rank():
     return functions.rank() if functions.is_initialized() else 0
 
 
-def rank_zero_only(*callbacks):
+def rank_zero_only(*callbacks) -> list:
     """The callbacks on rank 0, [] elsewhere (checkpoints, CSV/TensorBoard loggers, progress printers)."""
     return list(callbacks) if _rank() == 0 else []
 
 
-def verbose(default="auto"):
+def verbose(default: "int | str" = "auto") -> "int | str":
     """fit()/evaluate() verbosity: `default` on rank 0, 0 (silent) on the others."""
     return default if _rank() == 0 else 0
 
 
-def print0(*args, **kwargs):
+def print0(*args, **kwargs) -> None:
     """print() on rank 0 only."""
     if _rank() == 0:
         print(*args, **kwargs)

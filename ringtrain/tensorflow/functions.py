@@ -190,7 +190,8 @@ def _allreduce_indexed_slices(slices, name, op, process_set):
 
 @_no_autograph
 def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=Compression.none, op=None,
-              prescale_factor=1.0, postscale_factor=1.0, name=None, process_set=global_process_set):
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0, name: "str | None" = None,
+              process_set=global_process_set):
     """Reduce `tensor` over all ranks (default: Average). tf.IndexedSlices are gathered (values and indices).
     device_dense / device_sparse are accepted for Horovod compatibility and ignored (results stay where TF puts
     them). `compression` casts the tensor for the wire and back."""
@@ -207,7 +208,8 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
 
 @_no_autograph
 def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", compression=Compression.none,
-                      op=None, prescale_factor=1.0, postscale_factor=1.0, name=None, process_set=global_process_set):
+                      op=None, prescale_factor: float = 1.0, postscale_factor: float = 1.0, name: "str | None" = None,
+                      process_set=global_process_set) -> list:
     """Allreduce a list of tensors as one group (one host call; the engine fuses them). tf.IndexedSlices in the
     list are gathered (values and indices), as allreduce does, dense_shape or not."""
     op = resolve_op(op, average)
@@ -238,7 +240,7 @@ def _allgather_raw(tensor, name, process_set):
 
 
 @_no_autograph
-def allgather(tensor, name=None, process_set=global_process_set):
+def allgather(tensor, name: "str | None" = None, process_set=global_process_set) -> tf.Tensor:
     """Concatenate every rank's tensor along dim 0 (dim 0 may differ per rank)."""
     tensor = tf.convert_to_tensor(tensor)
     if tensor.shape.rank == 0:
@@ -257,7 +259,7 @@ def allgather(tensor, name=None, process_set=global_process_set):
 
 
 @_no_autograph
-def grouped_allgather(tensors, name=None, process_set=global_process_set):
+def grouped_allgather(tensors, name: "str | None" = None, process_set=global_process_set) -> list:
     """allgather of each tensor of a list (Horovod's grouped_allgather); differentiable. Returns a list."""
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
@@ -276,7 +278,7 @@ def _broadcast_raw(tensors, names, root_rank, process_set):
 
 
 @_no_autograph
-def broadcast(tensor, root_rank=0, name=None, process_set=global_process_set):
+def broadcast(tensor, root_rank: int = 0, name: "str | None" = None, process_set=global_process_set) -> tf.Tensor:
     """root_rank's tensor on every rank (root_rank is a world rank, also with a process set)."""
     tensor = tf.convert_to_tensor(tensor)
     name = _auto_name("broadcast", name, tensor, process_set)
@@ -292,7 +294,8 @@ def broadcast(tensor, root_rank=0, name=None, process_set=global_process_set):
 
 
 @_no_autograph
-def broadcast_(variable, root_rank=0, name=None, process_set=global_process_set):
+def broadcast_(variable: tf.Variable, root_rank: int = 0, name: "str | None" = None,
+               process_set=global_process_set) -> tf.Variable:
     """Assign root_rank's value to `variable` on every rank; returns the variable."""
     variable.assign(broadcast(tf.convert_to_tensor(variable), root_rank,
                               name or f"broadcast_.{variable_name(variable)}", process_set))
@@ -307,7 +310,8 @@ def variable_name(variable):
 
 
 @_no_autograph
-def broadcast_variables(variables, root_rank=0, prefix="broadcast_variables", process_set=global_process_set):
+def broadcast_variables(variables, root_rank: int = 0, prefix: str = "broadcast_variables",
+                        process_set=global_process_set):
     """Assign root_rank's values to every variable (one host call for all of them; the engine fuses them).
     Every rank must pass the same variables in the same order. In a graph, returns the group of assignments."""
     variables = list(variables)
@@ -319,7 +323,7 @@ def broadcast_variables(variables, root_rank=0, prefix="broadcast_variables", pr
     return None if tf.executing_eagerly() else tf.group(*assignments)
 
 
-def broadcast_global_variables(root_rank):
+def broadcast_global_variables(root_rank: int):
     """Horovod's TF1 helper: broadcast every tf.compat.v1 global variable from root_rank, in a graph. Eagerly (TF2)
     there are no global variables: it raises, naming broadcast_variables, as Horovod's does."""
     if tf.executing_eagerly():
@@ -339,7 +343,7 @@ def _alltoall_raw(tensor, splits, name, process_set):
 
 
 @_no_autograph
-def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+def alltoall(tensor, splits=None, name: "str | None" = None, process_set=global_process_set):
     """Send splits[i] rows of `tensor` (dim 0) to rank i; returns (received tensor, received_splits int32)."""
     tensor = tf.convert_to_tensor(tensor)
     if tensor.shape.rank == 0:
@@ -375,7 +379,7 @@ def _reducescatter_raw(tensor, op, name, process_set):
 
 
 @_no_autograph
-def reducescatter(tensor, op=Average, name=None, process_set=global_process_set):
+def reducescatter(tensor, op=Average, name: "str | None" = None, process_set=global_process_set) -> tf.Tensor:
     """Reduce over ranks and keep this rank's block of dim 0 (first blocks larger when it does not divide)."""
     op = as_op(op)
     tensor = tf.convert_to_tensor(tensor)
@@ -403,21 +407,21 @@ def _process_set(process_set_id):
     raise ValueError(f"no process set with id {process_set_id} is registered on this rank")
 
 
-def size_op(process_set_id=0, name=None):
+def size_op(process_set_id: int = 0, name: "str | None" = None) -> tf.Tensor:
     """The number of ranks (of process set `process_set_id`) as an int32 scalar tensor."""
     return tf.constant(_process_set(process_set_id).size(), dtype=tf.int32, name=name)
 
 
-def rank_op(name=None):
+def rank_op(name: "str | None" = None) -> tf.Tensor:
     """This process's world rank as an int32 scalar tensor."""
     return tf.constant(rank(), dtype=tf.int32, name=name)
 
 
-def local_size_op(name=None):
+def local_size_op(name: "str | None" = None) -> tf.Tensor:
     """The number of ranks on this node as an int32 scalar tensor."""
     return tf.constant(local_size(), dtype=tf.int32, name=name)
 
 
-def local_rank_op(name=None):
+def local_rank_op(name: "str | None" = None) -> tf.Tensor:
     """This process's rank on its node as an int32 scalar tensor."""
     return tf.constant(local_rank(), dtype=tf.int32, name=name)

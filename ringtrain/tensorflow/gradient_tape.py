@@ -41,7 +41,7 @@ def _bucket_prefix(sources):
 
 def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=Compression.none,
                             sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0, bucket_cap_mb=25,
-                            process_set=global_process_set):
+                            process_set=global_process_set) -> tf.GradientTape:
     """Wrap a tf.GradientTape so that gradient() averages over ranks (op=Average, or Sum).
 
     compression: Compression.none | fp16 | bf16 on the wire. sparse_as_dense: densify tf.IndexedSlices gradients

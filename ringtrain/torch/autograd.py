@@ -147,7 +147,7 @@ class _Alltoall(torch.autograd.Function):
         return grad, None, None, None
 
 
-def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+def alltoall(tensor: torch.Tensor, splits=None, name: "str | None" = None, process_set=global_process_set):
     """Send splits[i] rows of `tensor` to rank i of the set (even split when None); differentiable.
     Returns the received tensor alone when splits is None, else (received tensor, received splits), as Horovod."""
     return _Alltoall.apply(tensor, splits, name, process_set)

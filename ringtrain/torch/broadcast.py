@@ -13,7 +13,8 @@ from ringtrain.process_sets import global_process_set
 from . import functions
 
 
-def broadcast_parameters(params, root_rank=0, prefix="broadcast_parameters", process_set=global_process_set):
+def broadcast_parameters(params, root_rank: int = 0, prefix: str = "broadcast_parameters",
+                         process_set=global_process_set) -> None:
     """Overwrite, in place, every tensor in `params` with root_rank's (a world rank; with `process_set`, among the
     set's ranks only).
 

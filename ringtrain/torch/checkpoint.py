@@ -95,7 +95,8 @@ def _agree(error_text, action, path):
         raise CheckpointError(f"{action} of checkpoint {path!r} failed on rank 0: {error_text}")
 
 
-def save_checkpoint(path, model, optimizer=None, **extra):
+def save_checkpoint(path: str, model: torch.nn.Module, optimizer: "torch.optim.Optimizer | None" = None,
+                    **extra) -> str:
     """Write model (and optimizer) state plus `extra` keyword values to `path`, atomically, from rank 0 only.
     Every rank must call it (it is collective); returns `path` once the file is durably in place."""
     _check_plain(extra, "extra")
@@ -115,7 +116,7 @@ def save_checkpoint(path, model, optimizer=None, **extra):
     return path
 
 
-def load_checkpoint(path, model, optimizer=None):
+def load_checkpoint(path: str, model: torch.nn.Module, optimizer: "torch.optim.Optimizer | None" = None) -> dict:
     """Restore model (and optimizer) on every rank from `path` as read by rank 0; returns the `extra` dict.
     Every rank must call it (it is collective)."""
     error_text, extra = None, None

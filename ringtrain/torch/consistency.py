@@ -77,7 +77,7 @@ def describe_divergence(per_rank):
     return "parameters differ across ranks: " + "; ".join(shown)
 
 
-def check_parameters(named_parameters, step=None, process_set=global_process_set):
+def check_parameters(named_parameters, step: "int | None" = None, process_set=global_process_set) -> None:
     """Collective (over `process_set`): compare every parameter's digest across ranks; raise
     ParameterDivergenceError if any differ. named_parameters: model.named_parameters() or (name, tensor) pairs,
     the same names on every rank."""
@@ -100,7 +100,7 @@ def check_every():
     return int(float(os.environ.get("RINGTRAIN_CHECK_EVERY", "0") or 0))
 
 
-def maybe_check(step, named_parameters, process_set=global_process_set):
+def maybe_check(step: int, named_parameters, process_set=global_process_set) -> bool:
     """The one-line hook for DistributedOptimizer.step(): check every RINGTRAIN_CHECK_EVERY-th step (1-based).
     named_parameters may be a list of (name, tensor) or a callable returning one (evaluated only when checking)."""
     every = check_every()

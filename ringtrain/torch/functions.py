@@ -30,7 +30,7 @@ _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
 # ---------------------------------------------------------------- lifecycle and topology (thin pass-through)
 
-def init(comm=None, process_sets=None, **config_overrides):
+def init(comm=None, process_sets: "list | None" = None, **config_overrides) -> None:
     """Start ringtrain (MPI, topology, engine) and register `process_sets`. Keyword overrides are
     ringtrain.config.Config fields."""
     return _core.init(comm, process_sets=process_sets, **config_overrides)
@@ -41,7 +41,7 @@ def is_homogeneous() -> bool:
     return _core.is_homogeneous()
 
 
-def start_timeline(file_path, mark_cycles=False):
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     """Write the Chrome-trace timeline to file_path from now on (see ringtrain.timeline)."""
     return _core.start_timeline(file_path, mark_cycles)
 
@@ -158,14 +158,14 @@ class TensorHandle:
         return f"<TensorHandle {self.handle!r}>"
 
 
-def synchronize(handle):
+def synchronize(handle: "TensorHandle | SparseHandle"):
     """Block until an async collective finishes; return its result as torch tensor(s)."""
     if not hasattr(handle, "wait") and callable(handle):
         return handle()
     return handle.wait()
 
 
-def poll(handle):
+def poll(handle: "TensorHandle | SparseHandle") -> bool:
     """True once an async collective has finished; never blocks."""
     return handle.poll()
 
@@ -173,8 +173,9 @@ def poll(handle):
 # ---------------------------------------------------------------- allreduce (in place and async; the differentiable
 # copies allreduce/grouped_allreduce/... live in autograd.py)
 
-def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                    process_set=global_process_set):
+def allreduce_async(tensor: torch.Tensor, average=None, name: "str | None" = None, op=None,
+                    prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    process_set: ProcessSet = global_process_set) -> "TensorHandle":
     """Start an allreduce of `tensor` into a new tensor; returns a TensorHandle."""
     op = resolve_op(op, average)
     array = to_array(contiguous(tensor))
@@ -183,8 +184,9 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     return TensorHandle(handle, from_array)
 
 
-def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                     process_set=global_process_set):
+def allreduce_async_(tensor: torch.Tensor, average=None, name: "str | None" = None, op=None,
+                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                     process_set: ProcessSet = global_process_set) -> "TensorHandle":
     """Start an in-place allreduce: the result is written into `tensor`; the handle's wait() returns `tensor`."""
     op, work, array = _in_place(tensor, average, op)
     handle = _core.allreduce_async(array, op=op, name=name, prescale_factor=prescale_factor,
@@ -215,8 +217,9 @@ def copy_back(tensor, work):
     return tensor
 
 
-def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                            process_set=global_process_set):
+def grouped_allreduce_async(tensors: list, average=None, name: "str | None" = None, op=None,
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: ProcessSet = global_process_set) -> "TensorHandle":
     """One handle for many tensors, negotiated and fused together; wait() returns the list of results."""
     op = resolve_op(op, average)
     arrays = [to_array(contiguous(t)) for t in tensors]
@@ -225,8 +228,9 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     return TensorHandle(handle, lambda results: [from_array(r) for r in results])
 
 
-def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                             process_set=global_process_set):
+def grouped_allreduce_async_(tensors: list, average=None, name: "str | None" = None, op=None,
+                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                             process_set: ProcessSet = global_process_set) -> "TensorHandle":
     """In-place grouped allreduce: each result lands in its own tensor; wait() returns the list of tensors."""
     op = resolve_op(op, average)
     tensors = list(tensors)
@@ -271,7 +275,8 @@ class SparseHandle:
     __call__ = wait
 
 
-def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+def sparse_allreduce_async(tensor: torch.Tensor, name: "str | None", op,
+                           process_set: ProcessSet = global_process_set) -> "SparseHandle":
     """Allreduce of a sparse COO tensor as Horovod does it: allgather every rank's indices and values (duplicates
     summed when the result is coalesced); op=Average divides the values by the set's size."""
     op = resolve_op(op, None)
@@ -296,7 +301,8 @@ def set_size(process_set):
 
 # ---------------------------------------------------------------- allgather, broadcast, alltoall, reducescatter
 
-def allgather_async(tensor, name=None, process_set=global_process_set):
+def allgather_async(tensor: torch.Tensor, name: "str | None" = None,
+                    process_set: ProcessSet = global_process_set) -> "TensorHandle":
     """Concatenate every rank's tensor along dim 0 (dim 0 may differ per rank)."""
     handle = _core.allgather_async(to_array(contiguous(tensor)), name=name, process_set=process_set)
     return TensorHandle(handle, from_array)
@@ -309,14 +315,16 @@ def grouped_allgather_async(tensors, name: "str | None" = None, process_set=glob
     return TensorHandle(handle, lambda results: [from_array(r) for r in results])
 
 
-def broadcast_async(tensor, root_rank=0, name=None, process_set=global_process_set):
+def broadcast_async(tensor: torch.Tensor, root_rank: int = 0, name: "str | None" = None,
+                    process_set: ProcessSet = global_process_set) -> "TensorHandle":
     """Start a broadcast of root_rank's `tensor` into a new tensor on every rank. root_rank is a world rank."""
     handle = _core.broadcast_async(to_array(contiguous(tensor)), root_rank=root_rank, name=name,
                                    process_set=process_set)
     return TensorHandle(handle, from_array)
 
 
-def broadcast_async_(tensor, root_rank=0, name=None, process_set=global_process_set):
+def broadcast_async_(tensor: torch.Tensor, root_rank: int = 0, name: "str | None" = None,
+                     process_set: ProcessSet = global_process_set) -> "TensorHandle":
     """Start an in-place broadcast: every rank's `tensor` becomes root_rank's."""
     work = contiguous(tensor)
     array = to_array(work)
@@ -330,7 +338,8 @@ def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: "str | None" = No
     return broadcast_async_(tensor, root_rank, name, process_set).wait()
 
 
-def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+def alltoall_async(tensor: torch.Tensor, splits=None, name: "str | None" = None,
+                   process_set: ProcessSet = global_process_set) -> "TensorHandle":
     """Send splits[i] rows of `tensor` (dim 0) to rank i of the set; wait() returns (received tensor,
     received_splits tensor), as Horovod's synchronize() does for alltoall handles."""
     splits_dtype = torch.int32      # Horovod's: int32, or the dtype of the splits tensor passed in
@@ -344,8 +353,9 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     return TensorHandle(handle, finish)
 
 
-def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
-                        postscale_factor=1.0):
+def reducescatter_async(tensor: torch.Tensor, name: "str | None" = None, op=Average,
+                        process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                        postscale_factor: float = 1.0) -> "TensorHandle":
     """Reduce over ranks and keep this rank's block of dim 0 (first blocks larger when it does not divide)."""
     handle = _core.reducescatter_async(to_array(contiguous(tensor)), op=as_op(op), name=name,
                                        process_set=process_set, prescale_factor=prescale_factor,
@@ -364,23 +374,23 @@ def grouped_reducescatter_async(tensors, name: "str | None" = None, op=Average, 
 
 # ---------------------------------------------------------------- control and objects
 
-def barrier(process_set=global_process_set):
+def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Returns once every rank of `process_set` has called barrier()."""
     return _core.barrier(process_set=process_set)
 
 
-def join(device=-1):
+def join(device: int = -1) -> int:
     """This rank has no more data: it contributes zeros to the other ranks' allreduces until every rank has joined.
     Returns the last rank to join (the one whose parameters saw every step; broadcast from it afterwards).
     `device` is accepted for Horovod's signature: the zeros are made where each tensor lives."""
     return int(_core.join())
 
 
-def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
+def broadcast_object(obj, root_rank: int = 0, name: "str | None" = None, process_set: ProcessSet = global_process_set):
     """root_rank's picklable object on every rank. Uses pickle: only for trusted peers (your own job's ranks)."""
     return _core.broadcast_object(obj, root_rank=root_rank, name=name, process_set=process_set)
 
 
-def allgather_object(obj, name=None, process_set=global_process_set):
+def allgather_object(obj, name: "str | None" = None, process_set: ProcessSet = global_process_set) -> list:
     """List of every rank's picklable object, in rank order. Uses pickle: only for trusted peers."""
     return _core.allgather_object(obj, name=name, process_set=process_set)

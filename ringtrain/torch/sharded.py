@@ -767,7 +767,7 @@ def sharded_optimizer(optimizer, shard, named_parameters=None, compression=Compr
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none, backward_passes_per_step=1,
                          op=Average, gradient_predivide_factor=1.0, num_groups=0, groups=None, sparse_as_dense=False,
                          process_set=global_process_set, bucket_cap_mb=25, first_bucket_mb=1.0, overlap=None,
-                         shard=None, gather_parameters="step"):
+                         shard: "int | None" = None, gather_parameters: str = "step") -> torch.optim.Optimizer:
     if shard is None:
         if gather_parameters != "step":
             raise ValueError("gather_parameters applies to a sharded optimizer only (shard='optimizer' or "
