@@ -344,3 +344,29 @@ def test_sharded_optimizer_quick(tmp_path):
     assert records["shard-gradients"]["grad_mb"] < records["distributed-optimizer"]["grad_mb"]
     assert "shard-gradients" in stdout
     assert_png(out_png)
+
+
+def test_commit_ab_orders_arms_abba_and_compares_medians_best_jobs_and_lockstep_ratios(tmp_path):
+    import commit_ab
+    assert commit_ab.abba(3) == ["old", "new", "new", "old", "old", "new"]
+
+    def train_job(name, samples, lockstep):
+        path = tmp_path / name
+        records = [{"model": "mlp", "mode": "lockstep", "ranks": 2, "samples_per_s_total": lockstep,
+                    "params_in_sync": True},
+                   {"model": "mlp", "mode": "ringtrain", "ranks": 2, "samples_per_s_total": samples,
+                    "params_in_sync": True},
+                   {"model": "mlp", "mode": "horovod", "ranks": 2, "skipped": "not installed"}]
+        path.write_text(json.dumps({"records": records}))
+        return str(path)
+
+    # the new arm's second job ran under load: its lockstep fell with it, so the ratio to lockstep holds still
+    jobs = {"old": [train_job("o0", 100.0, 125.0), train_job("o1", 110.0, 125.0)],
+            "new": [train_job("n0", 120.0, 125.0), train_job("n1", 60.0, 62.5)]}
+    rows = {line.split("  ")[0].strip(): line.split()[-8:] for line in commit_ab.summarize("train", jobs).splitlines()
+            if line.startswith("mlp")}
+    old_med, new_med, ratio, old_best, new_best, best_ratio, _, _ = rows["mlp ringtrain 2"]
+    assert float(old_med) == 105.0 and float(new_med) == 90.0 and float(ratio) == pytest.approx(0.86, abs=0.01)
+    assert float(old_best) == 110.0 and float(new_best) == 120.0 and float(best_ratio) == pytest.approx(1.09, abs=0.01)
+    assert float(rows["mlp ringtrain/lockstep 2"][2]) == pytest.approx(0.96 / 0.84, abs=0.01)
+    assert "all jobs: 0" in commit_ab.summarize("train", jobs)
