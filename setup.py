@@ -1,8 +1,10 @@
 """Packaging for ringtrain.
 
-csrc/ (the CUDA kernels' source) lives beside the package, not inside it, so that the kernels read as a project of
-their own. The wheel still has to carry it: build_py copies csrc/*.cu into ringtrain/_csrc/, where kernels.py looks
-first. An editable install (`pip install -e .`) needs no copy: kernels.py falls back to the source tree's csrc/.
+csrc/ (the CUDA kernels' source, and the XLA FFI handler of ringtrain.jax) lives beside the package, not inside it,
+so that the kernels read as a project of their own. The wheel still has to carry it: build_py copies csrc/ into
+ringtrain/_csrc/, where ringtrain.csrc looks first. An editable install (`pip install -e .`) needs no copy: it falls
+back to the source tree's csrc/. Nothing is compiled here: the CUDA kernels are compiled at run time (NVRTC) and
+the FFI handler on first use (ringtrain/jax/ffi_build.py), so installing needs no compiler.
 """
 import pathlib
 import re
@@ -12,7 +14,7 @@ from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 HERE = pathlib.Path(__file__).resolve().parent
-KERNEL_SOURCE_SUFFIXES = (".cu", ".cuh", ".h")
+KERNEL_SOURCE_SUFFIXES = (".cu", ".cuh", ".h", ".cc")
 
 
 class build_py_with_kernel_sources(build_py):

@@ -6,11 +6,14 @@ same training loop, against JAX's own multi-process CPU collectives, and against
 The script launches itself under `mpiexec -n N` (do not start it under mpiexec yourself). Every N trains the same
 MLP (optax SGD with momentum) on a synthetic per-rank batch, one jitted step per iteration, in these modes:
   no-comm      optax alone, no communication: the ceiling (N independent processes)
-  ringtrain    hvd.DistributedOptimizer: all gradient leaves in one ordered host call, bucketed allreduce
+  ringtrain    hvd.DistributedOptimizer: all gradient leaves in one ordered XLA FFI custom call whose input and
+               output buffers the reducer reads and writes in place (the default lowering on CPU)
+  ringtrain-callback  the same through JAX's Python host callback (RINGTRAIN_JAX_LOWERING=callback, the fallback
+               where the FFI handler cannot be built)
   mpi4jax      mpi4jax.allreduce(g, op=MPI.SUM) / N on every gradient leaf, then optax (mpi4jax's own way: one
                MPI_Allreduce per array, each an XLA FFI custom call without Python)
   jax-gloo     jax.distributed + a shard_map'd psum over one CPU device per process (gloo collectives), then optax
-The first three share one job per N, interleaved in rounds (the median round is reported); jax.distributed must
+The first four share one job per N, interleaved in rounds (the median round is reported); jax.distributed must
 be set up before JAX starts, so jax-gloo runs in a job of its own. steps/s is per rank (ranks step in lockstep);
 "vs mpi4jax" is steps/s over mpi4jax's in the same job; efficiency = steps/s(N) / steps/s(1 rank, no-comm).
 Correctness: each distributed mode must end with the same parameters on every rank, and ringtrain, mpi4jax and
@@ -33,7 +36,8 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(BENCH_DIR)
 sys.path.append(REPO_ROOT)   # run from a source checkout without pip install
 
-SHARED_MODES = ("no-comm", "ringtrain", "mpi4jax")
+SHARED_MODES = ("no-comm", "ringtrain", "ringtrain-callback", "mpi4jax")
+LOWERINGS = {"ringtrain": "ffi", "ringtrain-callback": "callback"}   # RINGTRAIN_JAX_LOWERING per mode
 PARAM_TOLERANCE = 1e-4
 
 
@@ -96,18 +100,23 @@ def run_shared_job(args, comm):
     import optax
     from mpi4py import MPI
     import mpi4jax
+    import ringtrain
     import ringtrain.jax as hvd
     hvd.init()
     rank, size = comm.Get_rank(), comm.Get_size()
     params, x, y, loss = model_and_data(args, rank)
     inner = optax.sgd(0.01, momentum=0.9)
-    txs = {"no-comm": inner, "ringtrain": hvd.DistributedOptimizer(inner), "mpi4jax": inner}
+    txs = {"no-comm": inner, "ringtrain": hvd.DistributedOptimizer(inner),
+           "ringtrain-callback": hvd.DistributedOptimizer(inner), "mpi4jax": inner}
     averages = {"mpi4jax": lambda grads: jax.tree_util.tree_map(
         lambda g: mpi4jax.allreduce(g, op=MPI.SUM, comm=comm) / size, grads)}
     steps = {mode: make_step(loss, txs[mode], averages.get(mode)) for mode in SHARED_MODES}
     states = {mode: (params, txs[mode].init(params)) for mode in SHARED_MODES}
     for mode in SHARED_MODES:                                 # compile and warm up
+        # the lowering is chosen when a step is compiled (its first call): set it per mode, for this job only
+        ringtrain.config().jax_lowering = LOWERINGS.get(mode, "auto")
         _, states[mode] = time_steps(steps[mode], states[mode], x, y, args.warmup)
+    ringtrain.config().jax_lowering = "auto"
     times = {mode: [] for mode in SHARED_MODES}
     for _ in range(args.rounds):
         for mode in SHARED_MODES:

@@ -25,6 +25,8 @@ class Config:
     check_every: int = 0               # parameter consistency check period (steps), 0 = off
     hierarchical: str = "auto"         # auto | 1 | 0: intra-node reduce-scatter, inter-node ring, intra allgather
     simulate_nodes: int = 0            # split one machine's ranks into this many pretend nodes (tests, benchmarks)
+    jax_lowering: str = "auto"         # auto | ffi | callback: how ringtrain.jax's collectives run inside jit
+                                       # (auto: the compiled XLA FFI handler, else JAX's Python host callback)
     elastic: bool = False              # a dead peer ends only this world (ringtrain.elastic forms the next one):
                                        # no forced exit of the process, and the old world is abandoned, not freed
 

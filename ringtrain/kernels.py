@@ -25,7 +25,7 @@ import threading
 import cupy
 import numpy as np
 
-from . import ops
+from . import csrc, ops
 from .errors import UnsupportedDtypeError
 from .ops import ReduceOp
 
@@ -49,13 +49,7 @@ _TABLE_CACHE = 256
 def csrc_dir():
     """Directory holding the .cu sources: ringtrain/_csrc in an installed wheel (setup.py copies them there),
     else <repo>/csrc in a source checkout or editable install."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    for candidate in (os.path.join(here, "_csrc"), os.path.join(os.path.dirname(here), "csrc")):
-        if all(os.path.isfile(os.path.join(candidate, f)) for f in SOURCES):
-            return candidate
-    raise FileNotFoundError(f"ringtrain's CUDA sources ({', '.join(SOURCES)}) are neither in "
-                            f"{os.path.join(here, '_csrc')} nor in {os.path.join(os.path.dirname(here), 'csrc')}; "
-                            "reinstall ringtrain (the wheel ships them as ringtrain/_csrc)")
+    return csrc.find(SOURCES)
 
 
 def module(filename):

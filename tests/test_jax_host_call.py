@@ -1,14 +1,22 @@
-"""ringtrain.jax's host-call primitive in one process: collectives inside one jitted function run on the host in
-program order (the ordering token), even when their data does not depend on each other, and one whose result is
-unused still runs."""
+"""ringtrain.jax's host-call primitive in one process, through both lowerings (the XLA FFI handler and JAX's Python
+host callback): collectives inside one jitted function run on the host in program order (the ordering token),
+even when their data does not depend on each other, and one whose result is unused still runs. The FFI handler
+is built wherever a C++ compiler is present, and where it cannot be built the collectives fall back, with a
+warning, to the host callback."""
+import shutil
 import threading
+import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.core import ShapedArray
 
+from ringtrain.jax import ffi_build, ffi_target
 from ringtrain.jax.host_call import collective_primitive
+
+LOWERINGS = ("ffi", "callback")
 
 ran = []
 
@@ -22,7 +30,13 @@ recorder_p = collective_primitive("test_recorder", _record, lambda *avals, spec:
                                                                                    for a in avals])
 
 
-def test_independent_collectives_run_in_program_order_on_one_thread():
+@pytest.fixture(params=LOWERINGS)
+def lowering(request, monkeypatch):
+    monkeypatch.setenv("RINGTRAIN_JAX_LOWERING", request.param)
+    return request.param
+
+
+def test_independent_collectives_run_in_program_order_on_one_thread(lowering):
     def many(x):
         return sum(recorder_p.bind(x * i, spec=i)[0] for i in range(16))
     for _ in range(3):
@@ -33,9 +47,69 @@ def test_independent_collectives_run_in_program_order_on_one_thread():
         assert len({thread for _, thread in ran}) == 1
 
 
-def test_a_collective_with_an_unused_result_still_runs_and_eagerly_too():
+def test_a_collective_with_an_unused_result_still_runs_and_eagerly_too(lowering):
     ran.clear()
     jax.block_until_ready(jax.jit(lambda x: (recorder_p.bind(x, spec="unused"), x * 2)[1])(jnp.ones(3)))
     (eager,) = recorder_p.bind(jnp.arange(3.0), spec="eager")
     assert [spec for spec, _ in ran] == ["unused", "eager"]
     np.testing.assert_array_equal(np.asarray(eager), [1.0, 2.0, 3.0])
+
+
+def _fails(*arrays, spec):
+    raise ValueError(f"planted failure in {spec}")
+
+
+failing_p = collective_primitive("test_failing", _fails, lambda *avals, spec: [ShapedArray(a.shape, a.dtype)
+                                                                               for a in avals])
+
+
+def test_an_error_on_the_host_reaches_the_caller_with_its_type_and_message(lowering):
+    with pytest.raises(Exception) as caught:
+        jax.block_until_ready(jax.jit(lambda x: failing_p.bind(x, spec="f")[0])(jnp.ones(2)))
+    assert "ValueError: planted failure in f" in str(caught.value)
+
+
+def _into(inputs, outputs, spec):
+    for x, out in zip(inputs, outputs):
+        assert not x.flags.writeable and out.flags.writeable
+        out[...] = x * spec if spec != 1 else x
+
+
+scaled_p = collective_primitive("test_scaled", lambda *arrays, spec: [a * spec if spec != 1 else a.copy()
+                                                                     for a in arrays],
+                                lambda *avals, spec: [ShapedArray(a.shape, a.dtype) for a in avals], run_into=_into)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.uint8, np.bool_, np.complex64, jnp.bfloat16])
+def test_results_written_into_xla_buffers_for_every_shape_and_dtype(lowering, dtype):
+    arrays = [jnp.asarray(np.arange(n).reshape(shape) % 3).astype(dtype)
+              for n, shape in ((0, (0, 4)), (1, ()), (7, (7,)), (60, (3, 4, 5)))]
+    got = jax.jit(lambda *xs: scaled_p.bind(*xs, spec=1))(*arrays)
+    for x, g in zip(arrays, got):
+        assert g.shape == x.shape and g.dtype == x.dtype
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(x))
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler: the FFI handler cannot be built here")
+def test_the_ffi_handler_builds_where_a_compiler_is_present():
+    library, reason = ffi_build.load()
+    assert library is not None, reason
+    assert ffi_target.use_ffi("cpu")
+
+
+def test_a_failed_build_falls_back_to_the_host_callback_with_a_warning(monkeypatch, tmp_path):
+    monkeypatch.setenv("CXX", "false")                       # a compiler that always fails
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))      # so no library built earlier is found
+    monkeypatch.setattr(ffi_build, "_loaded", None)
+    monkeypatch.setattr(ffi_target, "_state", {})
+    library, reason = ffi_build.load()
+    assert library is None and "exited 1" in reason
+    monkeypatch.setenv("RINGTRAIN_JAX_LOWERING", "auto")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = jax.jit(lambda x: scaled_p.bind(x, spec=2.0)[0])(jnp.ones(3))
+    np.testing.assert_array_equal(np.asarray(got), [2.0, 2.0, 2.0])
+    assert any("could not build its XLA FFI handler" in str(w.message) for w in caught)
+    monkeypatch.setenv("RINGTRAIN_JAX_LOWERING", "ffi")
+    with pytest.raises(RuntimeError, match="RINGTRAIN_JAX_LOWERING=ffi"):
+        jax.jit(lambda x: scaled_p.bind(x, spec=3.0)[0])(jnp.ones(3))

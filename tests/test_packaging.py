@@ -11,7 +11,7 @@ import zipfile
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KERNEL_SOURCE_SUFFIXES = (".cu", ".cuh", ".h")
+KERNEL_SOURCE_SUFFIXES = (".cu", ".cuh", ".h", ".cc")
 BUILD_TIMEOUT_S = 300
 
 
@@ -110,6 +110,15 @@ def test_installed_wheel_imports_from_its_own_directory_and_finds_its_kernels(in
 def test_installed_wheel_kernel_loader_reads_the_shipped_sources(installed, tmp_path):
     pytest.importorskip("cupy")      # kernels.py imports cupy (the GPU path); compiling needs a GPU, finding does not
     code = "import ringtrain.kernels as k; print(k.csrc_dir())"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=isolated_env(installed),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(installed / "ringtrain" / "_csrc")
+
+
+def test_installed_wheel_finds_the_xla_ffi_handler_source(installed, tmp_path):
+    """ringtrain.jax builds csrc/xla_host_call.cc on first use: the wheel must carry it where csrc.find looks."""
+    code = "from ringtrain import csrc; print(csrc.find(['xla_host_call.cc']))"
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=isolated_env(installed),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -4,32 +4,37 @@
     prim.bind(x, y, spec=spec)      # -> [results], eagerly or inside jax.jit
 
 Eagerly, `run(*numpy_views, spec=spec)` is called on zero-copy numpy views of the inputs (DLPack) and its numpy
-results come back as jax.Arrays (zero-copy when 64-byte aligned). Under jit the primitive lowers to one XLA host
-callback (JAX's FFI Python callback) that calls the same `run` on the XLA buffers -- again numpy views, no copy
-in -- and XLA copies the results into its output buffers (a host callback cannot write them in place).
+results come back as jax.Arrays (zero-copy when 64-byte aligned).
 
-Why this and not `jax.experimental.io_callback`: io_callback first `device_put`s every input back into a jax.Array
-before calling Python; on this machine a chain of ten collectives in one jit cost 3-4x more through io_callback
-than through this lowering (benchmarks/jax_scaling.py measures the per-collective cost). Why not an XLA FFI custom
-call: the collectives run in ringtrain's Python engine, so a compiled FFI handler would still have to take the GIL
-and call Python -- which is exactly what JAX's own FFI Python callback does, without a C++ build.
+Under jit on CPU the primitive lowers to one XLA FFI custom call (ffi_target.py, csrc/xla_host_call.cc) that hands
+XLA's input and output buffers to Python as numpy views: `run_into(inputs, outputs, spec)` writes the results
+straight into XLA's output buffers (the default run_into copies `run`'s results there). Where that handler cannot
+be built (no C++ compiler; RINGTRAIN_JAX_LOWERING=callback), and on other platforms, the primitive lowers to JAX's
+Python host callback instead, which calls `run` and copies its results into XLA's buffers.
+
+Measured on a 2-core machine, the MLP step of benchmarks/jax_scaling.py at one rank (3.7 MB of gradients in 8
+arrays, DistributedOptimizer): see ffi_target.py and the benchmark's results. Why not
+`jax.experimental.io_callback`: it first `device_put`s every input back into a jax.Array before calling Python;
+a chain of ten collectives in one jit cost 3-4x more through io_callback than through JAX's host callback.
 
 Ordering. Every collective blocks its thread until all ranks of its process set have called it, so two ranks that
 ran the same two collectives in different orders would wait for each other forever. The primitive carries an
 *ordered effect* (`CollectiveEffect`): JAX threads one token through every ringtrain collective of a computation,
 in program order, and across successive jitted calls, so XLA can neither reorder them nor run two at once, and
-neither can dead-code elimination drop one whose result is unused.
+neither can dead-code elimination drop one whose result is unused. Both lowerings take and return the token.
 """
 import functools
 
 import jax
+import numpy as np
 from jax._src import effects
 from jax._src.callback import emit_python_callback
+from jax._src.core import abstract_token
 from jax._src.interpreters import mlir
 from jax.core import ShapedArray
 from jax.extend.core import Primitive
 
-from . import arrays
+from . import arrays, ffi_target
 
 
 class CollectiveEffect(effects.Effect):
@@ -45,11 +50,13 @@ for _allowed in (effects.lowerable_effects, effects.ordered_effects, effects.con
     _allowed.add_type(CollectiveEffect)
 
 
-def collective_primitive(name, run, out_avals):
+def collective_primitive(name, run, out_avals, run_into=None):
     """A primitive whose outputs are `run(*inputs, spec=spec)` computed on the host. `out_avals(*avals, spec=spec)`
-    gives the outputs' jax.core.ShapedArrays at trace time."""
+    gives the outputs' jax.core.ShapedArrays at trace time. `run_into(inputs, outputs, spec)`, if given, writes
+    the results into `outputs` (XLA's buffers, under jit with the FFI lowering) instead."""
     primitive = Primitive(name)
     primitive.multiple_results = True
+    run_into = run_into or copy_results(run)
 
     def impl(*inputs, spec):
         return [arrays.to_jax(r) for r in run(*[arrays.to_numpy(x) for x in inputs], spec=spec)]
@@ -58,6 +65,9 @@ def collective_primitive(name, run, out_avals):
         return out_avals(*avals, spec=spec), {COLLECTIVE}
 
     def lower(ctx, *operands, spec):
+        if ffi_target.use_ffi(ctx.module_context.platforms[0]):
+            return _lower_to_ffi(ctx, operands, run_into, spec)
+
         def callback(*inputs):
             return tuple(run(*inputs, spec=spec))
         token = ctx.tokens_in.get(COLLECTIVE)
@@ -70,6 +80,30 @@ def collective_primitive(name, run, out_avals):
     primitive.def_effectful_abstract_eval(abstract_eval)
     mlir.register_lowering(primitive, lower, cacheable=False)
     return primitive
+
+
+def _lower_to_ffi(ctx, operands, run_into, spec):
+    """One FFI custom call taking the ordering token as its last operand and returning it as its last result."""
+    call = ffi_target.register(run_into, spec, ctx.avals_in, ctx.avals_out)
+    with_token = ctx.replace(avals_in=(*ctx.avals_in, abstract_token), avals_out=(*ctx.avals_out, abstract_token))
+    *results, token = ffi_target.lowering(with_token, *operands, ctx.tokens_in.get(COLLECTIVE), call=call)
+    ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet({COLLECTIVE: token})))
+    return results
+
+
+def copy_results(run):
+    """run_into for a `run` that returns new arrays: copy each into its output buffer."""
+    def run_into(inputs, outputs, spec):
+        results = run(*inputs, spec=spec)
+        if len(results) != len(outputs):
+            raise RuntimeError(f"host collective returned {len(results)} arrays where {len(outputs)} were declared")
+        for out, result in zip(outputs, results):
+            result = np.asarray(result)
+            if result.shape != out.shape or result.dtype != out.dtype:
+                raise RuntimeError(f"host collective returned {result.shape} {result.dtype} where "
+                                   f"{out.shape} {out.dtype} was declared")
+            np.copyto(out, result)
+    return run_into
 
 
 def same_avals(*avals, spec):

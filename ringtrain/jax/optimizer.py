@@ -25,6 +25,9 @@ from ringtrain.reducer import Member, Reducer, Scaling, instance_prefix
 from .host_call import collective_primitive, same_avals
 
 
+ALONE_BYTES = 1 << 20     # a gradient this large is a bucket of its own (see PytreeReducer.reduce_into)
+
+
 class PytreeReducer:
     """One ringtrain.reducer.Reducer for one gradient pytree layout (structure, shapes, dtypes): the binding state
     of a DistributedOptimizer, beside it rather than on the user's transformation."""
@@ -35,41 +38,63 @@ class PytreeReducer:
                    for i, (path, a) in enumerate(zip(paths, avals))]
         self.reducer = Reducer(members, prefix=instance_prefix("DistributedOptimizer", process_set),
                                scaling=scaling, compression=compression, process_set=process_set,
-                               bucket_bytes=bucket_bytes, first_bucket_bytes=bucket_bytes, overlap=False)
+                               bucket_bytes=bucket_bytes, first_bucket_bytes=bucket_bytes, alone_bytes=ALONE_BYTES,
+                               overlap=False)
         self.shapes = [tuple(a.shape) for a in avals]
 
     def reduce(self, *gradients):
-        """Host side: every leaf arrives, each completed bucket is submitted, then all are waited for."""
+        """Host side, returning the results (views of the buckets): every leaf arrives, each completed bucket is
+        submitted, then all are waited for."""
+        return self._run(gradients, None, sync=len(self.reducer.buckets) == 1)
+
+    def reduce_into(self, gradients, outputs):
+        """Host side with the results written into `outputs` (XLA's output buffers, under jit with the FFI
+        lowering). Every bucket runs on this thread in bucket order (the engine's express path, one agreement
+        cycle each), and a bucket of one array is reduced straight from XLA's input buffer into its output buffer:
+        the transport copies in only the part its peers read (for 2 ranks: one pass over the data in all, where
+        packing into a bucket and copying the result out costs two)."""
+        self._run(gradients, outputs, sync=True)
+
+    def _run(self, gradients, outputs, sync):
         reducer, results = self.reducer, [None] * len(gradients)
-        sync = len(reducer.buckets) == 1
         for i in range(len(gradients)):
             bucket = reducer.arrived(i)
             if bucket is not None:
-                self._submit(bucket, gradients, results, sync)
+                self._submit(bucket, gradients, outputs, results, sync)
         try:
             reducer.wait()
         finally:
             reducer.reset_step()
         return results
 
-    def _submit(self, bucket, gradients, results, sync):
+    def _submit(self, bucket, gradients, outputs, results, sync):
         keys = bucket.keys
+        if outputs is not None and len(keys) == 1:
+            self.reducer.submit(bucket, [gradients[keys[0]]], outs=[outputs[keys[0]]], sync=True)
+            return
         if bucket.buffer is None:
             # in the shm window: an in-place allreduce of it is read by peers where it lies (no copy in or out)
             bucket.buffer = _core.empty_shared(sum(gradients[k].size for k in keys), gradients[keys[0]].dtype)
             bounds = np.cumsum([0] + [gradients[k].size for k in keys])
             bucket.views = [bucket.buffer[a:b].reshape(self.shapes[k]) for k, a, b in zip(keys, bounds, bounds[1:])]
         for k, view in zip(keys, bucket.views):
-            view[...] = gradients[k]          # packing is the one copy: the inputs are XLA's read-only buffers
+            view[...] = gradients[k]          # packing is the copy-in: the inputs are XLA's read-only buffers
             results[k] = view
         self.reducer.submit(bucket, [bucket.buffer], sync=sync)
+        if outputs is not None:               # sync: the bucket holds the result now
+            for k, view in zip(keys, bucket.views):
+                np.copyto(outputs[k], view)
 
 
 def _reduce(*gradients, spec):
     return spec.reduce(*gradients)
 
 
-reduce_gradients_p = collective_primitive("ringtrain_reduce_gradients", _reduce, same_avals)
+def _reduce_into(gradients, outputs, spec):
+    spec.reduce_into(gradients, outputs)
+
+
+reduce_gradients_p = collective_primitive("ringtrain_reduce_gradients", _reduce, same_avals, _reduce_into)
 
 
 class DistributedGradientTransformation(optax.GradientTransformation):

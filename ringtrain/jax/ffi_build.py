@@ -1,0 +1,88 @@
+"""Builds csrc/xla_host_call.cc (the XLA FFI handler of ringtrain.jax's collectives) on first use and loads it.
+
+    library, why_not = ffi_build.load()      # a ctypes.CDLL, or None and the reason
+
+Built with the host's C++ compiler ($CXX, else c++) against the XLA FFI headers that jaxlib ships
+(jax.ffi.include_dir()), into a per-user cache (`$XDG_CACHE_HOME/ringtrain`, else `~/.cache/ringtrain`) under a name
+that hashes the source, the jaxlib version and the compiler command, so a JAX upgrade or an edited source builds
+afresh and everything else loads the cached library. Ranks starting together take a file lock: one compiles
+(a few seconds), the others wait and load its library. Building at first use rather than in setup.py keeps
+`pip install ringtrain[jax]` free of a build step that needs jaxlib's headers in pip's isolated build environment.
+"""
+import ctypes
+import fcntl
+import hashlib
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+
+import jax
+import jaxlib
+
+from ringtrain import csrc
+
+SOURCE = "xla_host_call.cc"
+SYMBOLS = ("ringtrain_host_call", "ringtrain_set_host_function")
+BUILD_TIMEOUT_S = 300
+_loaded = None     # (library or None, reason) once tried: a process builds and loads at most once
+
+
+def compiler_command():
+    """The compiler and flags (the library's name hashes them)."""
+    return shlex.split(os.environ.get("CXX", "c++")) + ["-O2", "-std=c++17", "-shared", "-fPIC", "-I",
+                                                        jax.ffi.include_dir()]
+
+
+def cache_dir():
+    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+                        "ringtrain")
+
+
+def library_path(source_text):
+    digest = hashlib.sha256("\0".join([source_text, jaxlib.__version__, sys.platform] + compiler_command())
+                            .encode()).hexdigest()[:16]
+    return os.path.join(cache_dir(), f"xla_host_call-{digest}.so")
+
+
+def build(source, target):
+    """Compile `source` into `target` (atomically: a peer never loads a half-written file). Raises OSError or
+    subprocess errors."""
+    folder = os.path.dirname(target)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "build.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.exists(target):            # a peer built it while we waited
+            return
+        fd, partial = tempfile.mkstemp(suffix=".so", dir=folder)
+        os.close(fd)
+        try:
+            done = subprocess.run(compiler_command() + [source, "-o", partial], capture_output=True, text=True,
+                                  timeout=BUILD_TIMEOUT_S)
+            if done.returncode != 0:
+                raise RuntimeError(f"{' '.join(compiler_command())} exited {done.returncode}: "
+                                   f"{done.stderr.strip()[-2000:]}")
+            os.replace(partial, target)
+        finally:
+            if os.path.exists(partial):
+                os.remove(partial)
+
+
+def load():
+    """(ctypes.CDLL, None) with the handler built and loaded, or (None, why it could not be)."""
+    global _loaded
+    if _loaded is None:
+        try:
+            source = os.path.join(csrc.find([SOURCE]), SOURCE)
+            with open(source, encoding="utf-8") as f:
+                target = library_path(f.read())
+            if not os.path.exists(target):
+                build(source, target)
+            library = ctypes.CDLL(target)
+            for symbol in SYMBOLS:
+                getattr(library, symbol)          # AttributeError when missing
+            _loaded = (library, None)
+        except Exception as e:       # no compiler, no headers, read-only home: the caller falls back, loudly
+            _loaded = (None, f"{type(e).__name__}: {e}")
+    return _loaded
