@@ -6,14 +6,16 @@ same training loop, against JAX's own multi-process CPU collectives, and against
 The script launches itself under `mpiexec -n N` (do not start it under mpiexec yourself). Every N trains the same
 MLP (optax SGD with momentum) on a synthetic per-rank batch, one jitted step per iteration, in these modes:
   no-comm      optax alone, no communication: the ceiling (N independent processes)
-  ringtrain    hvd.DistributedOptimizer: all gradient leaves in one ordered XLA FFI custom call whose input and
-               output buffers the reducer reads and writes in place (the default lowering on CPU)
-  ringtrain-callback  the same through JAX's Python host callback (RINGTRAIN_JAX_LOWERING=callback, the fallback
-               where the FFI handler cannot be built)
+  ringtrain    hvd.DistributedOptimizer (defaults): all gradient leaves in one XLA FFI custom call whose input
+               and output buffers the reducer reads and writes in place, ordered by its data (no JAX effect)
+  ringtrain-ordered   DistributedOptimizer(ordered=True): the same call also carrying JAX's ordering token, as
+               every ringtrain.jax collective and every mpi4jax call does (JAX's slower dispatch path)
+  ringtrain-callback  the defaults through JAX's Python host callback (RINGTRAIN_JAX_LOWERING=callback, the
+               fallback where the FFI handler cannot be built)
   mpi4jax      mpi4jax.allreduce(g, op=MPI.SUM) / N on every gradient leaf, then optax (mpi4jax's own way: one
                MPI_Allreduce per array, each an XLA FFI custom call without Python)
   jax-gloo     jax.distributed + a shard_map'd psum over one CPU device per process (gloo collectives), then optax
-The first four share one job per N, interleaved in rounds (the median round is reported); jax.distributed must
+The first five share one job per N, interleaved in rounds (the median round is reported); jax.distributed must
 be set up before JAX starts, so jax-gloo runs in a job of its own. steps/s is per rank (ranks step in lockstep);
 "vs mpi4jax" is steps/s over mpi4jax's in the same job; efficiency = steps/s(N) / steps/s(1 rank, no-comm).
 Correctness: each distributed mode must end with the same parameters on every rank, and ringtrain, mpi4jax and
@@ -36,8 +38,8 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(BENCH_DIR)
 sys.path.append(REPO_ROOT)   # run from a source checkout without pip install
 
-SHARED_MODES = ("no-comm", "ringtrain", "ringtrain-callback", "mpi4jax")
-LOWERINGS = {"ringtrain": "ffi", "ringtrain-callback": "callback"}   # RINGTRAIN_JAX_LOWERING per mode
+SHARED_MODES = ("no-comm", "ringtrain", "ringtrain-ordered", "ringtrain-callback", "mpi4jax")
+LOWERINGS = {"ringtrain": "ffi", "ringtrain-ordered": "ffi", "ringtrain-callback": "callback"}   # per mode
 PARAM_TOLERANCE = 1e-4
 
 
@@ -107,6 +109,7 @@ def run_shared_job(args, comm):
     params, x, y, loss = model_and_data(args, rank)
     inner = optax.sgd(0.01, momentum=0.9)
     txs = {"no-comm": inner, "ringtrain": hvd.DistributedOptimizer(inner),
+           "ringtrain-ordered": hvd.DistributedOptimizer(inner, ordered=True),
            "ringtrain-callback": hvd.DistributedOptimizer(inner), "mpi4jax": inner}
     averages = {"mpi4jax": lambda grads: jax.tree_util.tree_map(
         lambda g: mpi4jax.allreduce(g, op=MPI.SUM, comm=comm) / size, grads)}
@@ -244,6 +247,7 @@ def main():
     if args.quick:
         args.steps, args.rounds, args.warmup, args.features, args.hidden, args.layers = 3, 2, 1, 16, 32, 2
     records, errors = [], {}
+    args.load = [round(x, 2) for x in os.getloadavg()]      # 1/5/15-minute load averages at the start and end
     with tempfile.TemporaryDirectory() as folder:
         for ranks in range(1, args.max_ranks + 1):
             results = [launch(ranks, args, "shared", folder)] + ([launch(ranks, args, "gloo", folder)]
@@ -260,6 +264,7 @@ def main():
                     per_round = sorted(args.steps / t for t in times)
                     records.append({"ranks": ranks, "mode": mode, "steps_per_s": common.median(per_round),
                                     "rounds": per_round, "wrong": wrong.get(mode, 0)})
+    args.load += [round(x, 2) for x in os.getloadavg()]
     print_table(records, args, errors)
     if args.json:
         payload = {"machine": common.machine_info(), "settings": vars(args), "records": records, "errors": errors}
@@ -281,7 +286,8 @@ def print_table(records, args, errors, file=None):
     params = args.features * args.hidden + args.hidden * args.hidden * (args.layers - 1) + args.hidden * 10
     title = (f"JAX MLP {args.features}-{'-'.join([str(args.hidden)] * args.layers)}-10 (~{params / 1e6:.2f} M "
              f"parameters, {2 * (args.layers + 1)} arrays), batch {args.batch_size} per rank, optax SGD momentum; "
-             f"median of {args.rounds} rounds x {args.steps} steps; {common.machine_info()['date']}")
+             f"median of {args.rounds} rounds x {args.steps} steps; {common.machine_info()['date']}, commit "
+             f"{common.source_commit()[:12]}, load average {args.load[0]} at the start, {args.load[3]} at the end")
     print(common.format_table(["ranks", "mode", "steps/s", "samples/s", "efficiency", "vs mpi4jax", "#wrong"], rows,
                               title), file=file)
     for where, error in errors.items():

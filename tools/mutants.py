@@ -435,6 +435,11 @@ MUTANTS = [
            (Tests(("tests/test_jax_host_call.py",)),),
            "the FFI custom call takes the token but does not pass it on: XLA may run independent ones in another "
            "order"),
+    Mutant("jax_reduction_ordered_flag_ignored", "ringtrain/jax/optimizer.py",
+           "primitive = ordered_reduce_gradients_p if ordered else reduce_gradients_p",
+           "primitive = reduce_gradients_p",
+           (Tests((JAX_OPTIMIZER,), ranks=2, select="no_jax_effect"),),
+           "DistributedOptimizer(ordered=True) still reduces without the ordering token"),
     Mutant("jax_ffi_bucket_result_not_copied_out", "ringtrain/jax/optimizer.py",
            "                np.copyto(outputs[k], view)",
            "                pass",

@@ -50,10 +50,13 @@ for _allowed in (effects.lowerable_effects, effects.ordered_effects, effects.con
     _allowed.add_type(CollectiveEffect)
 
 
-def collective_primitive(name, run, out_avals, run_into=None):
+def collective_primitive(name, run, out_avals, run_into=None, ordered=True):
     """A primitive whose outputs are `run(*inputs, spec=spec)` computed on the host. `out_avals(*avals, spec=spec)`
     gives the outputs' jax.core.ShapedArrays at trace time. `run_into(inputs, outputs, spec)`, if given, writes
-    the results into `outputs` (XLA's buffers, under jit with the FFI lowering) instead."""
+    the results into `outputs` (XLA's buffers, under jit with the FFI lowering) instead. ordered=False: no JAX
+    effect and no token -- the custom call is still never removed or merged by XLA (it has a side effect), but
+    its place among other collectives of the same computation is XLA's schedule, not program order (see
+    optimizer.py for the one primitive that uses it, and why)."""
     primitive = Primitive(name)
     primitive.multiple_results = True
     run_into = run_into or copy_results(run)
@@ -62,14 +65,18 @@ def collective_primitive(name, run, out_avals, run_into=None):
         return [arrays.to_jax(r) for r in run(*[arrays.to_numpy(x) for x in inputs], spec=spec)]
 
     def abstract_eval(*avals, spec):
-        return out_avals(*avals, spec=spec), {COLLECTIVE}
+        return out_avals(*avals, spec=spec), ({COLLECTIVE} if ordered else set())
 
     def lower(ctx, *operands, spec):
         if ffi_target.use_ffi(ctx.module_context.platforms[0]):
-            return _lower_to_ffi(ctx, operands, run_into, spec)
+            return _lower_to_ffi(ctx, operands, run_into, spec, ordered)
 
         def callback(*inputs):
             return tuple(run(*inputs, spec=spec))
+        if not ordered:
+            results, _, _ = emit_python_callback(ctx, callback, None, list(operands), ctx.avals_in, ctx.avals_out,
+                                                 has_side_effect=True, returns_token=False)
+            return results
         token = ctx.tokens_in.get(COLLECTIVE)
         results, token, _ = emit_python_callback(ctx, callback, token, list(operands), ctx.avals_in, ctx.avals_out,
                                                  has_side_effect=True, returns_token=True)
@@ -82,9 +89,12 @@ def collective_primitive(name, run, out_avals, run_into=None):
     return primitive
 
 
-def _lower_to_ffi(ctx, operands, run_into, spec):
-    """One FFI custom call taking the ordering token as its last operand and returning it as its last result."""
+def _lower_to_ffi(ctx, operands, run_into, spec, ordered):
+    """One FFI custom call, taking the ordering token as its last operand and returning it as its last result when
+    the primitive is ordered."""
     call = ffi_target.register(run_into, spec, ctx.avals_in, ctx.avals_out)
+    if not ordered:
+        return ffi_target.lowering(ctx, *operands, call=call)
     with_token = ctx.replace(avals_in=(*ctx.avals_in, abstract_token), avals_out=(*ctx.avals_out, abstract_token))
     *results, token = ffi_target.lowering(with_token, *operands, ctx.tokens_in.get(COLLECTIVE), call=call)
     ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet({COLLECTIVE: token})))

@@ -96,3 +96,42 @@ def test_broadcast_variables_gives_every_rank_the_roots_pytree():
     got = jax.jit(lambda t: hvd.broadcast_variables(t, root_rank=root))(tree)
     np.testing.assert_array_equal(np.asarray(got["w"]), np.full((2, 2), float(root)))
     assert int(got["step"]) == root
+
+
+@pytest.mark.mpi(min_size=2)
+def test_the_reduction_has_no_jax_effect_unless_ordered():
+    """No effect: JAX dispatches the jitted step on its fast path. ordered=True: the ringtrain ordering effect."""
+    grads = init_params(seed=0)
+    unordered_tx, ordered_tx = hvd.DistributedOptimizer(optax.sgd(0.1)), hvd.DistributedOptimizer(optax.sgd(0.1),
+                                                                                                    ordered=True)
+    plain = jax.make_jaxpr(unordered_tx.update)(grads, unordered_tx.init(grads))
+    ordered = jax.make_jaxpr(ordered_tx.update)(grads, ordered_tx.init(grads))
+    assert not plain.effects
+    assert {str(e) for e in ordered.effects} == {"RingtrainCollective"}
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
+def test_a_step_mixing_the_reduction_with_other_collectives_runs_alike_on_every_rank(ordered):
+    """The reduction beside two ordered collectives in one jitted step (an averaged loss, a broadcast step count):
+    every rank finishes every step (no rank waits on another's different order) with the one-process result."""
+    r, n = hvd.rank(), hvd.size()
+    data = batches(n)
+    rows = slice(r * SHARD, (r + 1) * SHARD)
+    tx = hvd.DistributedOptimizer(optax.sgd(0.1, momentum=0.9), bucket_bytes=600, ordered=ordered)
+
+    @jax.jit
+    def step(params, opt_state, x, y, count):
+        value, grads = jax.value_and_grad(loss)(params, x, y)
+        mean_loss = hvd.allreduce(value)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        count = hvd.broadcast(count + 1, root_rank=n - 1)
+        return optax.apply_updates(params, updates), opt_state, mean_loss, count
+
+    params, opt_state, count = init_params(seed=0), tx.init(init_params(seed=0)), jnp.asarray(r, jnp.int32)
+    for x, y in data:
+        params, opt_state, mean_loss, count = step(params, opt_state, x[rows], y[rows], count)
+    expected = train(optax.sgd(0.1, momentum=0.9), init_params(seed=0), data, slice(None))
+    for g, e in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(expected)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=2e-5, atol=2e-6)
+    assert int(count) == n - 1 + STEPS
