@@ -1,15 +1,18 @@
 """Where a synchronous training step's time goes, against lockstep: the same step with one MPI barrier in place of
 the gradient allreduce (no gradient traffic) -- what every synchronous method pays, and nothing more.
 
-    mpiexec -n 2 python benchmarks/step_breakdown.py [--model convnet|mlp] [--rounds 3] [--steps 15]
-        [--modes no-comm,lockstep,after-backward,overlap] [--json out.json]
+    mpiexec -n 2 python benchmarks/step_breakdown.py [--model convnet|mlp|resnet18] [--rounds 3] [--steps 15]
+        [--modes no-comm,lockstep,after-backward,overlap,ddp] [--no-phases] [--json out.json]
 
-Modes, interleaved in rounds (a fresh model and optimizer per mode and round, the medians over rounds reported):
+Modes, interleaved in rounds (one model and optimizer per mode, training on through its rounds; the medians over
+rounds reported):
   no-comm         plain torch, no synchronisation at all (the ranks drift apart): does the computation itself run
                   slower when the ranks run in step (shared caches, memory bandwidth)? compare its fwd+bwd cpu
   lockstep        plain torch optimizer; after backward an MPI barrier (the synchronous ceiling)
   after-backward  ringtrain.torch.DistributedOptimizer(overlap=False): synchronize() reduces after backward
   overlap         DistributedOptimizer(overlap=True): buckets are reduced from hooks during backward
+  ddp             torch.nn.parallel.DistributedDataParallel (gloo): its allreduces run inside backward()
+A ringtrain mode may name variants, for same-run A/Bs of one setting (after-backward:<variant>; see VARIANTS).
 No barrier between steps: each step has exactly one synchronisation point, as in training. Per step and rank:
   fwd+bwd         zero_grad + forward + backward (wall; cpu = this thread's CPU time, which excludes time the OS
                   gave to other processes, so cpu < wall means the rank was descheduled)
@@ -19,11 +22,32 @@ No barrier between steps: each step has exactly one synchronisation point, as in
   step            the wrapped optimizer's step()
   engine_cpu      CPU time of ringtrain's engine thread per step (it runs the allreduces of overlap; otherwise it
                   only polls)
+  proc_cpu        CPU time of the whole process per step, every thread (DDP's gloo threads, ringtrain's engine)
   faults          minor page faults per step, all threads: fresh pages touched (allocator churn costs ms on a VM)
+ringtrain's own time, per bucket phase (sum per step over the buckets; exclusive: a phase's time excludes the
+phases it calls), on the training thread and on the engine thread, wall (and CPU in the JSON):
+  zero            zeroing the gradient buckets in zero_grad() (the gradients are views of the buckets, so backward
+                  accumulates into them: that add is inside fwd+bwd, not here)
+  pack            copying gradients into a bucket (only when a .grad is not a view of its bucket)
+  python          the binding's and engine's own Python around a bucket: hooks' submits, synchronize(), the request,
+                  handle and action bookkeeping -- everything of ringtrain's not in another phase
+  agree           the agreement cycle: publishing this rank's slot and waiting for every rank's (so it holds the
+                  wait for the slowest rank, and the wake-up after it)
+  transport       the allreduce itself (shm: copy-in where needed, reduce, push, the two flag barriers)
+  slots           a small allreduce reduced from the agreement cycle's slots
+  unpack          copying results back (only when a bucket's result is not where its gradients are)
+  handle_wait     the training thread waiting for a bucket the engine thread is running (overlap)
+Memory traffic: this VM exposes no hardware counters (perf reports "not supported"), so traffic is given as the
+bytes the step's gradient buckets hold and the rate the transport moved them at (algbw); each of zero, transport
+and the accumulate into a bucket streams them once or more.
+--no-phases runs without the timers (each costs a few microseconds per call).
 wait and after_last compare perf_counter() stamps of different processes: valid on one host only (all ranks of the
-job on one node; otherwise they are left out). On a machine shared with other work, compare modes within one run.
+job on one node; otherwise they are left out); DDP has no stamp where the ranks meet (its allreduces end inside
+backward()), so its communication shows in fwd+bwd. On a machine shared with other work, compare modes within one run.
 """
 import argparse
+import contextlib
+import functools
 import json
 import os
 import resource
@@ -43,11 +67,90 @@ import train_scaling  # noqa: E402  (the same models and data as the scaling ben
 
 import ringtrain  # noqa: E402
 import ringtrain.torch as hvd  # noqa: E402
+from ringtrain import agreement, executor, reducer, state, watchdog  # noqa: E402
+from ringtrain.torch import optimizer as torch_optimizer  # noqa: E402
 
 WARMUP = 5
-MODES = ("no-comm", "lockstep", "after-backward", "overlap")
+MODES = ("no-comm", "lockstep", "after-backward", "overlap", "ddp")
+DEFAULT_MODES = MODES
 LOCAL_MODES = ("no-comm", "lockstep")   # the plain torch optimizer, no gradient traffic
-PHASES = ("step_wall", "fwd_bwd", "fwd_bwd_cpu", "wait", "after_last", "step", "engine_cpu", "faults")
+RINGTRAIN_MODES = ("after-backward", "overlap")
+PHASES = ("step_wall", "fwd_bwd", "fwd_bwd_cpu", "wait", "after_last", "step", "engine_cpu", "proc_cpu", "faults")
+BUCKET_PHASES = ("zero", "pack", "python", "agree", "transport", "slots", "unpack", "handle_wait")
+THREADS = ("caller", "engine")
+
+
+class PhaseClock:
+    """Timers around the few ringtrain functions a bucket passes through, summed per (thread, phase).
+
+    Exclusive times: a timed function called inside another (the transport inside synchronize()) is subtracted
+    from its caller's phase, so the phases of one thread add up to the time ringtrain spent on it. Wall and CPU
+    (this thread's) seconds; sums only grow, the benchmark takes differences per step."""
+
+    # (owner, attribute, phase, static): the functions timed
+    TARGETS = (
+        (torch_optimizer.GradientHooks, "zero_grad", "zero", False),
+        (torch_optimizer.GradientHooks, "_into_buffer", "pack", True),
+        (torch_optimizer.GradientHooks, "submit", "python", False),
+        (torch_optimizer.GradientHooks, "synchronize", "python", False),
+        (torch_optimizer.GradientHooks, "_unpack_flat", "unpack", True),
+        (torch_optimizer.GradientHooks, "_unpack_each", "unpack", True),
+        (reducer.Reducer, "wait", "handle_wait", False),
+        (agreement.CycleAgreement, "_exchange_slots", "agree", False),
+        (agreement.CycleAgreement, "_slow_cycle", "agree", False),
+        (executor.Executor, "reduce_slots", "slots", False),
+    )
+
+    def __init__(self):
+        self.totals = {(t, p): [0.0, 0.0] for t in THREADS for p in BUCKET_PHASES}
+        self._local = threading.local()
+        self._patched = []
+
+    def install(self, transport_class):
+        for owner, attribute, phase, static in self.TARGETS + ((transport_class, "allreduce_out", "transport",
+                                                                False),):
+            original = owner.__dict__.get(attribute)     # None: inherited (uninstall then deletes the timer)
+            function = getattr(owner, attribute)
+            timed = self._timed(function, phase)
+            setattr(owner, attribute, staticmethod(timed) if static else timed)
+            self._patched.append((owner, attribute, original))
+
+    def uninstall(self):
+        for owner, attribute, original in reversed(self._patched):
+            if original is None:
+                delattr(owner, attribute)
+            else:
+                setattr(owner, attribute, original)
+        self._patched = []
+
+    def snapshot(self):
+        return {key: tuple(value) for key, value in self.totals.items()}
+
+    def _timed(self, function, phase):
+        clock = self
+
+        @functools.wraps(function)
+        def timed(*args, **kwargs):
+            local = clock._local
+            stack = getattr(local, "stack", None)
+            if stack is None:
+                stack = local.stack = []
+                local.thread = "engine" if threading.current_thread().name == "ringtrain-engine" else "caller"
+            frame = [0.0, 0.0]          # the time of timed functions called from this one
+            stack.append(frame)
+            w0, c0 = time.perf_counter(), time.thread_time()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                wall, cpu = time.perf_counter() - w0, time.thread_time() - c0
+                stack.pop()
+                total = clock.totals[(local.thread, phase)]
+                total[0] += wall - frame[0]
+                total[1] += cpu - frame[1]
+                if stack:
+                    stack[-1][0] += wall
+                    stack[-1][1] += cpu
+        return timed
 
 
 def engine_cpu_clock():
@@ -63,39 +166,98 @@ def minor_faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def run_mode(mode, args, round_index, comm, inputs, labels, engine_cpu):
-    """Stamps of every measured step on this rank: (t0, backward_end, synchronized, stepped, cpu phases...)."""
+def process_cpu():
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+# Variants of a ringtrain mode for same-run A/Bs ("after-backward:sleepy"): what each sets, as (setting, value)
+VARIANTS = {}
+
+
+def split_mode(mode):
+    """'after-backward:sleepy' -> ('after-backward', ['sleepy'])."""
+    base, _, variants = mode.partition(":")
+    return base, variants.split("+") if variants else []
+
+
+def settings(mode):
+    return dict(VARIANTS[v] for v in split_mode(mode)[1])
+
+
+@contextlib.contextmanager
+def variant_applied(mode):
+    """Process-wide settings of a mode's variants, restored afterwards."""
+    value = settings(mode).get("caller_yield_s")
+    if value is None:
+        yield
+        return
+    saved = watchdog.CALLER_YIELD_S
+    watchdog.CALLER_YIELD_S = value
+    try:
+        yield
+    finally:
+        watchdog.CALLER_YIELD_S = saved
+
+
+def build(mode, args):
+    """(model, optimizer) of one mode, every mode from the same seed."""
+    base = split_mode(mode)[0]
     torch.manual_seed(0)
     model = train_scaling.build_model(torch, args.model, args.width)
+    if base == "ddp":
+        model = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    if mode not in LOCAL_MODES:
-        named = [(f"r{round_index}.{mode}.{name}", p) for name, p in model.named_parameters()]
-        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named, overlap=(mode == "overlap"))
+    if base in RINGTRAIN_MODES:
+        named = [(f"{mode}.{name}", p) for name, p in model.named_parameters()]
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named, overlap=(base == "overlap"))
+    return model, optimizer
+
+
+def run_mode(mode, model, optimizer, args, comm, inputs, labels, engine_cpu, clock):
+    """Stamps of every measured step on this rank: (t0, backward_end, synchronized, stepped, cpu phases...,
+    {(thread, phase): (wall, cpu)} of the step)."""
+    with variant_applied(mode):
+        return _run_mode(mode, model, optimizer, args, comm, inputs, labels, engine_cpu, clock)
+
+
+def _run_mode(mode, model, optimizer, args, comm, inputs, labels, engine_cpu, clock):
+    base = split_mode(mode)[0]
     loss_fn = torch.nn.CrossEntropyLoss()
     stamps = []
     comm.Barrier()
     for i in range(WARMUP + args.steps):
-        faults, engine0 = minor_faults(), engine_cpu()
+        faults, engine0, proc0 = minor_faults(), engine_cpu(), process_cpu()
+        phases0 = clock.snapshot() if clock is not None else None
         t0, c0 = time.perf_counter(), time.thread_time()
         optimizer.zero_grad()
         loss_fn(model(inputs), labels).backward()
         t1, c1 = time.perf_counter(), time.thread_time()
-        if mode == "lockstep":
+        if base == "lockstep":
             comm.Barrier()
-        elif mode != "no-comm":
+        elif base in RINGTRAIN_MODES:
             optimizer.synchronize()
         t2 = time.perf_counter()
-        if mode in LOCAL_MODES:
-            optimizer.step()
-        else:
+        if base in RINGTRAIN_MODES:
             with optimizer.skip_synchronize():
                 optimizer.step()
+        else:
+            optimizer.step()
         t3 = time.perf_counter()
         engine1 = engine_cpu()
         if i >= WARMUP:
-            stamps.append((t0, t1, t2, t3, c1 - c0,
-                           None if engine0 is None else engine1 - engine0, minor_faults() - faults))
-    return stamps
+            bucket = None
+            if phases0 is not None and base in RINGTRAIN_MODES:
+                now = clock.snapshot()
+                bucket = {f"{t}.{p}": [now[(t, p)][0] - phases0[(t, p)][0], now[(t, p)][1] - phases0[(t, p)][1]]
+                          for t, p in now}
+            stamps.append((t0, t1, t2, t3, c1 - c0, None if engine0 is None else engine1 - engine0,
+                           minor_faults() - faults, process_cpu() - proc0, bucket))
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    buckets = None
+    if base in RINGTRAIN_MODES:
+        buckets = [[len(b.members), sum(m.nbytes for m in b.members)] for b in optimizer._ringtrain.reducer.buckets]
+    return {"stamps": stamps, "gradient_bytes": nbytes, "buckets": buckets}
 
 
 def phases(everyone, one_host):
@@ -111,10 +273,20 @@ def phases(everyone, one_host):
         "wait": 1e3 * np.median(last_arrival - a[:, :, 1], axis=1).mean() if one_host else None,
         "after_last": 1e3 * np.median(a[:, :, 2] - last_arrival, axis=1).mean() if one_host else None,
         "faults": float(np.mean([np.median([row[6] for row in rank]) for rank in everyone])),
+        "proc_cpu": 1e3 * float(np.mean([np.median([row[7] for row in rank]) for rank in everyone])),
     }
     engine = [[row[5] for row in rank] for rank in everyone]
     result["engine_cpu"] = (None if any(v is None for rank in engine for v in rank)
                             else 1e3 * float(np.mean([np.median(rank) for rank in engine])))
+    if everyone[0][0][8] is not None:
+        # per rank: the median step's phase times; then the mean over ranks (ms), [wall, cpu]
+        keys = everyone[0][0][8].keys()
+        result["buckets"] = {key: [1e3 * float(np.mean([np.median([row[8][key][i] for row in rank])
+                                                          for rank in everyone])) for i in (0, 1)]
+                             for key in keys}
+        # and every rank's own wall times, to see which rank waits for which
+        result["buckets_per_rank"] = [{key: 1e3 * float(np.median([row[8][key][0] for row in rank]))
+                                       for key in keys} for rank in everyone]
     return result
 
 
@@ -124,34 +296,57 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--width", type=int, default=None, help="default: the scaling benchmark's (64, mlp 54)")
+    parser.add_argument("--modes", default=",".join(DEFAULT_MODES))
+    parser.add_argument("--no-phases", action="store_true", help="no timers around ringtrain's functions")
     parser.add_argument("--json")
     args = parser.parse_args()
     modes = args.modes.split(",")
-    unknown = set(modes) - set(MODES)
+    unknown = [m for m in modes if split_mode(m)[0] not in MODES or any(v not in VARIANTS for v in split_mode(m)[1])
+               or (split_mode(m)[1] and split_mode(m)[0] not in RINGTRAIN_MODES)]
     if unknown:
-        parser.error(f"unknown modes {sorted(unknown)}; choose from {list(MODES)}")
-    args.width = 64 if args.model == "convnet" else 54
+        parser.error(f"unknown modes {unknown}; choose from {list(MODES)}, or a ringtrain mode with variants "
+                     f"({', '.join(VARIANTS)}) as after-backward:sleepy")
+    if args.width is None:
+        args.width = 54 if args.model == "mlp" else 64
     torch.set_num_threads(1)
     hvd.init()
     comm = MPI.COMM_WORLD
+    if "ddp" in modes:
+        train_scaling.init_ddp(comm, torch)
     one_host = hvd.local_size() == hvd.size()
     inputs, labels = train_scaling.synthetic_batch(torch, args.model, args.width, hvd.rank(), args.batch)
     engine_cpu = engine_cpu_clock()
+    clock = None
+    if not args.no_phases:
+        clock = PhaseClock()
+        clock.install(type(state.engine().executor.transport("cpu")))
     load_before = os.getloadavg()[0]
     measured = {mode: [] for mode in modes}
-    for round_index in range(args.rounds):
+    shapes = {}
+    # each mode's model and optimizer are made once and keep training in every round: a fresh optimizer per round
+    # would take fresh buckets from the shared window's pool, which is never given back (see empty_shared), and
+    # later rounds would then measure buckets in private memory
+    built = {mode: build(mode, args) for mode in modes}
+    for _ in range(args.rounds):
         for mode in modes:
-            everyone = comm.gather(run_mode(mode, args, round_index, comm, inputs, labels, engine_cpu), root=0)
+            mine = run_mode(mode, *built[mode], args, comm, inputs, labels, engine_cpu, clock)
+            everyone = comm.gather(mine["stamps"], root=0)
+            shapes[mode] = {"gradient_bytes": mine["gradient_bytes"], "buckets": mine["buckets"]}
             if hvd.rank() == 0:
-                # free-running ranks have no common step to wait for
-                measured[mode].append(phases(everyone, one_host and mode != "no-comm"))
+                # free-running ranks have no common step to wait for, and DDP's synchronisation lies inside
+                # backward(): neither has a stamp where the ranks meet
+                measured[mode].append(phases(everyone, one_host and mode not in ("no-comm", "ddp")))
     if hvd.rank() == 0:
-        report(args, modes, measured, one_host, load_before)
+        report(args, modes, measured, shapes, one_host, load_before)
+    if clock is not None:
+        clock.uninstall()
+    if "ddp" in modes:
+        torch.distributed.destroy_process_group()
     hvd.shutdown()
 
 
-def report(args, modes, measured, one_host, load_before):
+def summarise(modes, measured):
     summary = {}
     for mode in modes:
         summary[mode] = {}
@@ -160,24 +355,59 @@ def report(args, modes, measured, one_host, load_before):
             summary[mode][phase] = float(np.median(values)) if values else None
         walls = [r["step_wall"] for r in measured[mode]]
         summary[mode]["step_wall_range"] = [min(walls), max(walls)]
+        rounds = [r["buckets"] for r in measured[mode] if "buckets" in r]
+        if rounds:
+            summary[mode]["buckets"] = {key: [float(np.median([r[key][i] for r in rounds])) for i in (0, 1)]
+                                        for key in rounds[0]}
+    return summary
+
+
+def report(args, modes, measured, shapes, one_host, load_before):
+    summary = summarise(modes, measured)
     machine = train_scaling.common.machine_info()
+    any_shape = next(iter(shapes.values()))
     print(f"# ringtrain {machine['commit']}, {machine['date']}")
-    print(f"# {args.model}, {hvd.size()} ranks, batch {args.batch}, 1 thread per rank, transport "
-          f"{ringtrain.transport_name()}; ms per step, median over {args.rounds} interleaved rounds of "
-          f"{args.steps} steps (each: mean over ranks of the rank's median); load average {load_before:.2f} at "
-          f"start, {os.getloadavg()[0]:.2f} at end" + ("" if one_host else "; ranks on several hosts: no wait, "
-                                                        "after_last"))
-    header = ["mode", "step", "(range)", "fwd+bwd", "(cpu)", "wait", "after_last", "opt.step", "engine_cpu",
-              "faults"]
+    print(f"# {args.model}: {any_shape['gradient_bytes'] / 2 ** 20:.1f} MB of float32 gradients, {hvd.size()} ranks, "
+          f"batch {args.batch}, 1 thread per rank, transport {ringtrain.transport_name()}; ms per step, median over "
+          f"{args.rounds} interleaved rounds of {args.steps} steps (each: mean over ranks of the rank's median); "
+          f"load average {load_before:.2f} at start, {os.getloadavg()[0]:.2f} at end"
+          + ("" if one_host else "; ranks on several hosts: no wait, after_last"))
+    for mode in modes:
+        if shapes[mode]["buckets"]:
+            layout = ", ".join(f"{count} tensors {nbytes / 2 ** 20:.2f} MB" for count, nbytes in
+                               shapes[mode]["buckets"])
+            print(f"# {mode} buckets: {layout}")
+    header = ["mode", "step", "(range)", "x lockstep", "fwd+bwd", "(cpu)", "wait", "after_last", "opt.step",
+              "engine_cpu", "proc_cpu", "faults"]
     rows = []
+    base = summary.get("lockstep")
     for mode in modes:
         s = summary[mode]
+        ratio = f"{base['step_wall'] / s['step_wall']:.3f}" if base else "-"
         rows.append([mode, _ms(s["step_wall"]), f"{s['step_wall_range'][0]:.1f}-{s['step_wall_range'][1]:.1f}",
-                     _ms(s["fwd_bwd"]), _ms(s["fwd_bwd_cpu"]), _ms(s["wait"]), _ms(s["after_last"]),
-                     _ms(s["step"]), _ms(s["engine_cpu"]), f"{s['faults']:.0f}"])
+                     ratio, _ms(s["fwd_bwd"]), _ms(s["fwd_bwd_cpu"]), _ms(s["wait"]), _ms(s["after_last"]),
+                     _ms(s["step"]), _ms(s["engine_cpu"]), _ms(s["proc_cpu"]), f"{s['faults']:.0f}"])
     print(train_scaling.common.format_table(header, rows))
-    if "lockstep" in summary:
-        base = summary["lockstep"]
+    phase_rows = []
+    for mode in modes:
+        buckets = summary[mode].get("buckets")
+        if not buckets:
+            continue
+        for thread in THREADS:
+            phase_rows.append([mode, thread] + [_ms(buckets[f"{thread}.{p}"][0]) for p in BUCKET_PHASES]
+                              + [_ms(sum(buckets[f"{thread}.{p}"][0] for p in BUCKET_PHASES))])
+    if phase_rows:
+        print(train_scaling.common.format_table(
+            ["mode", "thread"] + list(BUCKET_PHASES) + ["total"], phase_rows,
+            title="ringtrain's time per step by bucket phase (ms wall, exclusive, summed over buckets)"))
+        for mode in modes:
+            buckets = summary[mode].get("buckets")
+            transport = buckets and sum(buckets[f"{t}.transport"][0] + buckets[f"{t}.slots"][0] for t in THREADS)
+            if transport:
+                nbytes = shapes[mode]["gradient_bytes"]
+                print(f"# {mode}: {nbytes / 2 ** 20:.1f} MB of gradients allreduced per step in {transport:.2f} ms "
+                      f"of transport and slots: {nbytes / transport / 1e6:.1f} GB/s (algbw)")
+    if base is not None:
         for mode in modes:
             if mode in LOCAL_MODES:
                 continue
@@ -185,11 +415,13 @@ def report(args, modes, measured, one_host, load_before):
             parts = ", ".join(f"{name} {s[key] - base[key]:+.1f}" for name, key in
                               (("fwd+bwd", "fwd_bwd"), ("wait", "wait"), ("after_last", "after_last"),
                                ("opt.step", "step")) if s[key] is not None and base[key] is not None)
-            print(f"# {mode} against lockstep: step {s['step_wall'] - base['step_wall']:+.1f} ms ({parts})")
+            print(f"# {mode} against lockstep: step {s['step_wall'] - base['step_wall']:+.1f} ms "
+                  f"({100 * (1 - base['step_wall'] / s['step_wall']):.1f} points of lockstep's throughput; {parts})")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": machine, "model": args.model, "ranks": hvd.size(), "rounds": args.rounds, "steps": args.steps,
-                       "load_average_start_end": [load_before, os.getloadavg()[0]], "one_host": one_host,
+            json.dump({"machine": machine, "model": args.model, "ranks": hvd.size(), "rounds": args.rounds,
+                       "steps": args.steps, "load_average_start_end": [load_before, os.getloadavg()[0]],
+                       "one_host": one_host, "phases_timed": not args.no_phases, "shapes": shapes,
                        "summary": summary, "per_round": measured}, f, indent=1)
 
 

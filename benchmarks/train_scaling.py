@@ -3,10 +3,11 @@
     python benchmarks/train_scaling.py --max-ranks 2 --json out.json --png out.png [--quick]
 
 The script launches itself under `mpiexec -n N` for N = 1..max-ranks (do not start it under mpiexec yourself).
-Two synthetic models, each on the same per-rank batch:
+Synthetic models, each on the same per-rank batch (--models; the first two by default):
   convnet  a VGG-like convnet on 32x32 RGB: ~6.7 M parameters in 10 tensors (few large gradients)
   mlp      100 blocks of Linear + LayerNorm: ~0.3 M parameters in 402 tensors (hundreds of small gradients, as
            real models have: ResNet-50 161 tensors, BERT ~400), so per-tensor costs dominate
+  resnet18 ResNet-18 (torchvision's layout, batch norm) on 32x32 RGB: 11.2 M parameters in 62 tensors
 Every N runs every model in these modes, interleaved in rounds so that machine noise hits all of them alike; the
 median over rounds is reported:
   no-comm               plain torch, no communication: the ceiling (N independent processes)
@@ -55,7 +56,8 @@ sys.path.append(REPO_ROOT)   # run from a source checkout without pip install
 MODES = ("no-comm", "lockstep", "ringtrain-after-backward", "ringtrain-overlap", "torch-ddp", "horovod")
 LOCAL_MODES = ("no-comm", "lockstep")   # no gradient traffic: each rank trains its own copy of the model
 RINGTRAIN_OVERLAP = {"ringtrain-after-backward": False, "ringtrain-overlap": True}
-MODELS = ("convnet", "mlp")
+MODELS = ("convnet", "mlp", "resnet18")
+DEFAULT_MODELS = ("convnet", "mlp")
 MLP_BLOCKS = 100             # 4 tensors per block + the head's 2: 402 gradient tensors at any width
 PARAM_TOLERANCE = 1e-4       # ringtrain vs DDP final parameters: same math, different summation order
 
@@ -63,11 +65,12 @@ PARAM_TOLERANCE = 1e-4       # ringtrain vs DDP final parameters: same math, dif
 # ---------------------------------------------------------------- model and data
 
 def build_model(torch, model, width):
-    return build_convnet(torch, width) if model == "convnet" else build_mlp(torch, width)
+    builders = {"convnet": build_convnet, "mlp": build_mlp, "resnet18": build_resnet18}
+    return builders[model](torch, width)
 
 
 def model_width(args, model):
-    return args.width if model == "convnet" else args.mlp_width
+    return args.mlp_width if model == "mlp" else args.width
 
 
 def build_convnet(torch, width):
@@ -95,9 +98,44 @@ def build_mlp(torch, width):
     return nn.Sequential(*layers, nn.Linear(width, 10))
 
 
+def build_resnet18(torch, width):
+    """ResNet-18 as torchvision lays it out (7x7 stem, max pool, four stages of two basic blocks, batch norm), on
+    32x32 inputs with 10 classes: 11.2 M parameters in 62 tensors at width 64, 45 MB of gradients. The stem shrinks
+    the image 4x, so a step computes about as long as the convnet's while its gradients are 1.7x larger."""
+    nn = torch.nn
+
+    class BasicBlock(nn.Module):
+        def __init__(self, inputs, outputs, stride):
+            super().__init__()
+            self.conv1 = nn.Conv2d(inputs, outputs, 3, stride=stride, padding=1, bias=False)
+            self.bn1 = nn.BatchNorm2d(outputs)
+            self.conv2 = nn.Conv2d(outputs, outputs, 3, padding=1, bias=False)
+            self.bn2 = nn.BatchNorm2d(outputs)
+            self.downsample = None
+            if stride != 1 or inputs != outputs:
+                self.downsample = nn.Sequential(nn.Conv2d(inputs, outputs, 1, stride=stride, bias=False),
+                                                nn.BatchNorm2d(outputs))
+
+        def forward(self, x):
+            out = torch.relu(self.bn1(self.conv1(x)))
+            out = self.bn2(self.conv2(out))
+            return torch.relu(out + (x if self.downsample is None else self.downsample(x)))
+
+    layers = [nn.Conv2d(3, width, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+              nn.MaxPool2d(3, stride=2, padding=1)]
+    channels = width
+    for stage in range(4):
+        outputs = width << stage
+        for block in range(2):
+            layers.append(BasicBlock(channels, outputs, 2 if stage and not block else 1))
+            channels = outputs
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, 10)]
+    return nn.Sequential(*layers)
+
+
 def synthetic_batch(torch, model, width, rank, batch):
     generator = torch.Generator().manual_seed(1234 + rank)
-    shape = (batch, 3, 32, 32) if model == "convnet" else (batch, width)
+    shape = (batch, width) if model == "mlp" else (batch, 3, 32, 32)
     inputs = torch.randn(*shape, generator=generator)
     labels = torch.randint(0, 10, (batch,), generator=generator)
     return inputs, labels
@@ -509,13 +547,14 @@ def parse_args(argv=None):
     parser.add_argument("--quick", action="store_true", help="small models, few steps (< 1 minute)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per rank (default cores // max-ranks)")
     parser.add_argument("--batch", type=int, default=None)
-    parser.add_argument("--width", type=int, default=None, help="convnet's first conv channels (64 = 6.7 M parameters)")
+    parser.add_argument("--width", type=int, default=None, help="convnet's first conv channels (64 = 6.7 M parameters)"
+                        " and resnet18's (64 = 11.2 M)")
     parser.add_argument("--mlp-width", type=int, default=None, help="mlp's layer width (54 = 0.31 M parameters)")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--warmup", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=None, help="repetitions of every mode; median is reported")
     parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS), help=f"from {','.join(MODELS)}")
     parser.add_argument("--job-timeout", type=float, default=None, help="seconds per mpiexec job")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker-json", help=argparse.SUPPRESS)

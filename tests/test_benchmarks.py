@@ -190,15 +190,25 @@ def test_step_breakdown_quick(tmp_path):
                          "--model", "mlp", "--rounds", "1", "--steps", "3", "--json", out_json], timeout=300)
     with open(out_json) as f:
         result = json.load(f)
-    assert result["one_host"] and set(result["per_round"]) == {"no-comm", "lockstep", "after-backward", "overlap"}
+    assert result["one_host"] and set(result["per_round"]) == {"no-comm", "lockstep", "after-backward", "overlap",
+                                                                 "ddp"}
     for mode, rounds in result["per_round"].items():
         for r in rounds:
-            if mode == "no-comm":    # free-running ranks share no step: nothing to wait for
+            if mode in ("no-comm", "ddp"):    # free-running ranks share no step; DDP meets inside backward()
                 assert r["after_last"] is None and r["wait"] is None
             else:
                 assert r["after_last"] >= (-1.0 if mode == "overlap" else 0) and r["wait"] >= 0, (mode, r)
-            assert 0 < r["fwd_bwd"] < r["step_wall"] and r["faults"] >= 0
+            assert 0 < r["fwd_bwd"] < r["step_wall"] and r["faults"] >= 0 and r["proc_cpu"] > 0
+            if mode in ("after-backward", "overlap"):
+                # the account of ringtrain's own time: the one bucket's allreduce ran on the transport, its cycle
+                # on the agreement, after backward on the training thread
+                buckets = r["buckets"]
+                assert buckets["caller.agree"][0] + buckets["engine.agree"][0] > 0, (mode, buckets)
+                assert buckets["caller.transport"][0] + buckets["engine.transport"][0] > 0, (mode, buckets)
+                if mode == "after-backward":
+                    assert buckets["engine.transport"][0] == 0, buckets
     assert "after-backward against lockstep" in stdout and "overlap against lockstep" in stdout
+    assert "ringtrain's time per step by bucket phase" in stdout
 
 
 def test_train_scaling_reports_the_median_round_and_the_targets():
