@@ -12,7 +12,8 @@ rounds reported):
   after-backward  ringtrain.torch.DistributedOptimizer(overlap=False): synchronize() reduces after backward
   overlap         DistributedOptimizer(overlap=True): buckets are reduced from hooks during backward
   ddp             torch.nn.parallel.DistributedDataParallel (gloo): its allreduces run inside backward()
-A ringtrain mode may name variants, for same-run A/Bs of one setting (after-backward:<variant>; see VARIANTS).
+A ringtrain mode may name variants, for same-run A/Bs of one setting (after-backward:sleepy):
+  :sleepy         the caller's waits sleep after 0.2 ms, as the engine thread's do, instead of polling
 No barrier between steps: each step has exactly one synchronisation point, as in training. Per step and rank:
   fwd+bwd         zero_grad + forward + backward (wall; cpu = this thread's CPU time, which excludes time the OS
                   gave to other processes, so cpu < wall means the rank was descheduled)
@@ -172,7 +173,9 @@ def process_cpu():
 
 
 # Variants of a ringtrain mode for same-run A/Bs ("after-backward:sleepy"): what each sets, as (setting, value)
-VARIANTS = {}
+VARIANTS = {
+    "sleepy": ("caller_yield_s", 0.0),                      # the caller's waits sleep after 0.2 ms, as the engine's
+}
 
 
 def split_mode(mode):

@@ -34,7 +34,7 @@ from .executor import Executor
 from .fusion import HOST_OPS
 from .handle import Handle
 from .request import Request
-from .watchdog import Watchdog
+from .watchdog import YIELD_S, Watchdog
 
 log = logging.getLogger("ringtrain")
 
@@ -151,6 +151,10 @@ class Engine:
         try:
             idle = 0
             lock = self._progress_lock
+            # with a core per rank, this caller polls the answer it waits for instead of sleeping (Watchdog.yield_s)
+            patient_s = self.watchdog.yield_s()
+            patient_s = patient_s if patient_s > YIELD_S else 0.0
+            idle_since = 0.0
             while not self.finished.is_set() and (first is not None or not done()):
                 if deadline is not None and time.monotonic() > deadline:
                     return
@@ -174,6 +178,11 @@ class Engine:
                     idle = 0
                 else:
                     idle += 1
+                    if idle == 1:
+                        idle_since = time.monotonic()
+                    elif patient_s and time.monotonic() - idle_since < patient_s:
+                        os.sched_yield()
+                        continue
                     self._idle_wait(idle, owed=True)
         finally:
             if first is not None:             # the engine stopped before the request could be registered

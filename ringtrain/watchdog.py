@@ -2,9 +2,13 @@
 
 A wait polls (MPI requests, shared-memory flags, CUDA events) with a short sleep that backs off, and every
 `peer_check_s` asks the Watchdog whether a peer process on this node has died or the engine was aborted.
-Spinning hard would steal the core the training thread needs on small machines, hence the backoff.
+Spinning hard would steal the core the training thread needs on small machines, hence the backoff -- except for
+the thread that called a synchronous collective on a machine with a core per rank: it has nothing else to do, so
+it polls (with sched_yield) for up to CALLER_YIELD_S, as MPI's own blocking calls do, instead of adding an OS
+wake-up to every step.
 """
 import os
+import threading
 import time
 import weakref
 
@@ -12,6 +16,13 @@ from .errors import RankFailureError
 
 YIELD_S = 2e-4     # how long a wait polls with sched_yield before it starts sleeping
 SPIN_POLLS = 64    # polls without yielding first -- only while this machine has a core for every rank on it
+# How long the thread that called a synchronous collective keeps polling with sched_yield, while this machine has a
+# core for every rank on it: that thread has nothing else to do, and its core no other rank needs, so an OS sleep
+# would only add its wake-up (up to the 1 ms backoff) to the step once the slowest rank arrives -- as MPI's own
+# barrier, which polls the whole time. The engine's background thread never does: with overlap it shares its core
+# with the training thread.
+CALLER_YIELD_S = 0.05
+ENGINE_THREAD = "ringtrain-engine"     # the name of the engine's background thread
 
 
 _live = weakref.WeakSet()     # every Watchdog not yet garbage: abort_all() reaches the engines of every world
@@ -63,8 +74,15 @@ class Watchdog:
         # With more ranks on this machine than cores a busy poll only burns the time slice the peer we wait for
         # needs: yield from the first poll (4 ranks on 2 cores: 4 KB shm allreduce 122 -> 92-106 us).
         ranks_here = len(self.local_peers) + 1
-        self.spin_polls = SPIN_POLLS if ranks_here <= len(os.sched_getaffinity(0)) else 0
+        self.core_per_rank = ranks_here <= len(os.sched_getaffinity(0))
+        self.spin_polls = SPIN_POLLS if self.core_per_rank else 0
         _live.add(self)
+
+    def yield_s(self):
+        """How long the calling thread's waits poll with sched_yield before they sleep."""
+        if self.core_per_rank and threading.current_thread().name != ENGINE_THREAD:
+            return max(YIELD_S, CALLER_YIELD_S)
+        return YIELD_S
 
     def check(self, what=""):
         if self.abort_reason is not None:
@@ -83,19 +101,28 @@ class Watchdog:
                     f"rank {rank} (pid {pid}) has died" + (f" while this rank waited for {what}" if what else ""))
 
     def wait(self, done, what="", timeout=None):
-        """Poll done() until it returns true: a short busy spin, then up to YIELD_S of polls that yield the CPU
-        (on an oversubscribed machine the peer we wait for may need this very core), then sleeps backing off to
-        1 ms (an OS sleep costs ~60 us of latency, so it comes last). Peers are checked meanwhile.
+        """Poll done() until it returns true: a short busy spin, then polls that yield the CPU for YIELD_S (on an
+        oversubscribed machine the peer we wait for may need this very core; see yield_s() for the caller of a
+        synchronous collective), then sleeps backing off to 1 ms (an OS sleep costs ~60 us of latency, so it comes
+        last). Peers are checked meanwhile.
         Raise RankFailureError on a dead peer, TimeoutError after `timeout` seconds."""
         spins = 0
         start = time.monotonic()
         spin_polls = self.spin_polls
+        yield_s = None
         while not done():
             spins += 1
             if spins < spin_polls:
                 continue
-            if time.monotonic() - start < YIELD_S:
+            if yield_s is None:
+                yield_s = self.yield_s()
+            waited = time.monotonic() - start
+            if waited < yield_s:
                 os.sched_yield()
+                if waited > YIELD_S:     # a long poll (the caller's) does what the sleeping one does between polls
+                    self.check(what)
+                    if self.progress is not None:
+                        self.progress()
                 continue
             self.check(what)
             if self.progress is not None:

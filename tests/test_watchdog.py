@@ -3,10 +3,12 @@ is not; a wait on a dead peer ends with RankFailureError instead of running into
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
+from ringtrain import watchdog as watchdog_module
 from ringtrain.errors import RankFailureError
 from ringtrain.watchdog import Watchdog
 
@@ -67,3 +69,38 @@ def test_a_wait_that_completes_raises_nothing_and_an_abort_ends_any_wait(sleeper
     watchdog.abort_reason = "the engine stopped"
     with pytest.raises(RankFailureError, match="the engine stopped"):
         watchdog.wait(lambda: False, "a flag", timeout=60)
+
+
+def test_only_a_caller_with_a_core_per_rank_polls_long(monkeypatch, sleeper):
+    """The thread that called a synchronous collective polls (sched_yield) instead of sleeping while every rank has
+    a core; the engine's own thread, and every thread of an oversubscribed machine, sleep after YIELD_S."""
+    monkeypatch.setattr(watchdog_module.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    one_peer = Watchdog({1: sleeper.pid})                      # 2 ranks on 2 cores
+    assert one_peer.yield_s() == watchdog_module.CALLER_YIELD_S > watchdog_module.YIELD_S
+    seen = []
+    engine = threading.Thread(target=lambda: seen.append(one_peer.yield_s()), name=watchdog_module.ENGINE_THREAD)
+    engine.start()
+    engine.join()
+    assert seen == [watchdog_module.YIELD_S]
+    three_peers = Watchdog({1: sleeper.pid, 2: sleeper.pid, 3: sleeper.pid})     # 4 ranks on 2 cores
+    assert three_peers.yield_s() == watchdog_module.YIELD_S
+
+
+def test_a_long_poll_keeps_checking_peers_and_moving_messages(monkeypatch, sleeper):
+    """While the caller polls, a dead peer still ends the wait within peer_check_s, and the engine's control
+    messages keep moving (Watchdog.progress), as between the sleeps of a short poll."""
+    monkeypatch.setattr(watchdog_module, "CALLER_YIELD_S", 30.0)
+    monkeypatch.setattr(watchdog_module.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    dead = exited_child(reap=True)
+    watchdog = Watchdog({1: dead.pid}, peer_check_s=0.05)
+    assert watchdog.yield_s() == 30.0
+    start = time.monotonic()
+    with pytest.raises(RankFailureError, match=rf"rank 1 \(pid {dead.pid}\) has died"):
+        watchdog.wait(lambda: False, "a flag", timeout=60)
+    assert time.monotonic() - start < 5
+    moved = []
+    watchdog = Watchdog({1: sleeper.pid}, peer_check_s=0.05)
+    watchdog.progress = lambda: moved.append(1)
+    start = time.monotonic()
+    watchdog.wait(lambda: len(moved) >= 3, "a message that needs progress")
+    assert time.monotonic() - start < 5
