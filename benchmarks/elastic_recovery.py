@@ -71,7 +71,8 @@ def one_job(n, timeout_s):
     try:
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired as expired:       # the workers die with the driver (PR_SET_PDEATHSIG)
-        print(f"{n} workers: no recovery within {timeout_s} s:\n{(expired.stderr or b'')[-2000:]}", file=sys.stderr)
+        print(f"{n} workers: no recovery within {timeout_s} s:\n{(expired.stdout or b'')[-3000:]}\n"
+              f"{(expired.stderr or b'')[-3000:]}", file=sys.stderr)
         return None
     kill = re.search(r"^KILL ([\d.]+)$", done.stdout, re.M)
     recovery = re.search(r"^RECOVERY (\{.*\})$", done.stdout, re.M)

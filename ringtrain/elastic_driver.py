@@ -321,6 +321,11 @@ class ElasticDriver:
         if self.max_np is not None:
             planned = planned[:self.max_np]
         if len(planned) < self.min_np:
+            if not self._more_workers_possible():
+                raise ElasticJobError(f"only {len(planned)} worker(s) left, fewer than --min-np {self.min_np}, and "
+                                      f"no host can start another: every host is blacklisted for good "
+                                      f"(--blacklist-cooldown-range lets a host back in after a cooldown; "
+                                      f"--host-discovery-script can name new hosts)")
             if self.below_min_since is None:
                 self.below_min_since = now
                 _say(f"{len(planned)} worker(s) ready, below --min-np {self.min_np}: waiting up to "
@@ -336,6 +341,17 @@ class ElasticDriver:
                 raise ElasticJobError(f"the world would be re-formed {self.resets} time(s), more than "
                                       f"--reset-limit {self.reset_limit}")
         self._form(planned, now)
+
+    def _more_workers_possible(self):
+        """False when waiting for --elastic-timeout cannot help: no discovery script to name new hosts, no worker
+        still starting, and every known host blacklisted for good or without a free slot."""
+        if self.discovery_script is not None:
+            return True
+        if any(not w.gone and w.ready_at is None for w in self.workers):
+            return True
+        used = {(w.host, w.slot) for w in self.workers if not w.gone}
+        return any(self.blacklist.until.get(host) != float("inf") and any((host, s) not in used for s in range(n))
+                   for host, n in self.available.items())
 
     def _form(self, planned, now):
         old = set(self.world)

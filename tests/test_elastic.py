@@ -111,11 +111,23 @@ def test_worker_added_by_discovery_joins_at_a_commit_and_gets_the_state(tmp_path
 
 
 def test_below_min_np_ends_with_a_clear_error_after_the_elastic_timeout():
-    job = run_elastic("-np", "2", "--min-np", "2", "--elastic-timeout", "2", KILL_RANK=1, KILL_STEP=3)
+    # the cooldown lets the host back in after 600 s, so waiting could help: the job waits --elastic-timeout
+    job = run_elastic("-np", "2", "--min-np", "2", "--elastic-timeout", "2", "--blacklist-cooldown-range", "600",
+                      "700", KILL_RANK=1, KILL_STEP=3)
     assert job.returncode != 0, job
     assert re.search(r"1 worker\(s\) ready, below --min-np 2: waiting up to 2 s", job.output), job
     assert re.search(r"elastic job failed: only 1 worker\(s\) for 2 s \(--elastic-timeout\), fewer than "
                      r"--min-np 2", job.output), job
+    assert job.seconds < 60, job
+    assert not job.lines("FINAL"), job
+
+
+def test_below_min_np_with_every_host_blacklisted_for_good_ends_at_once():
+    job = run_elastic("-np", "2", "--min-np", "2", "--elastic-timeout", "600", KILL_RANK=1, KILL_STEP=3)
+    assert job.returncode != 0, job
+    assert re.search(r"elastic job failed: only 1 worker\(s\) left, fewer than --min-np 2, and no host can start "
+                     r"another: every host is blacklisted for good", job.output), job
+    assert "waiting up to" not in job.output, job
     assert job.seconds < 60, job
     assert not job.lines("FINAL"), job
 
