@@ -123,7 +123,7 @@ def test_below_min_np_ends_with_a_clear_error_after_the_elastic_timeout():
 
 
 def test_below_min_np_with_every_host_blacklisted_for_good_ends_at_once():
-    job = run_elastic("-np", "2", "--min-np", "2", "--elastic-timeout", "600", KILL_RANK=1, KILL_STEP=3)
+    job = run_elastic("-np", "2", "--min-np", "2", "--elastic-timeout", "90", KILL_RANK=1, KILL_STEP=3)
     assert job.returncode != 0, job
     assert re.search(r"elastic job failed: only 1 worker\(s\) left, fewer than --min-np 2, and no host can start "
                      r"another: every host is blacklisted for good", job.output), job
