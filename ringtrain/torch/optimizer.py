@@ -41,6 +41,7 @@ import warnings
 import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from ringtrain import host_memory
 from ringtrain import state as core_state
 from ringtrain.errors import RingtrainError, TensorMismatchError
 from ringtrain.model_check import describe_model_mismatch
@@ -153,6 +154,10 @@ class GradientHooks:
                                passes_per_step=backward_passes_per_step, bucket_bytes=int(bucket_cap_mb * _MB),
                                first_bucket_bytes=int(first_bucket_mb * _MB), alone_bytes=_ALONE_BYTES,
                                overlap=overlap, groups=groups)
+        host = [m.nbytes for m in self.reducer.members if m.host]
+        if host:
+            # backward frees and makes each large host gradient again every step: keep those blocks in the heap
+            host_memory.keep_freed_blocks(max(host), sum(host))
         self.install_hooks()
 
     def all_params(self):
