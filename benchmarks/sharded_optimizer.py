@@ -17,6 +17,9 @@ the optimizer state it holds (bytes of its state tensors, exact), the gradient m
 (distinct storages of .grad and of the optimizer's own gradient buffers), and the process's peak resident memory
 (VmHWM, reset after the model is built, so it is what training adds on top of the model, libraries included).
 Correctness: the final parameters of every mode must equal DistributedOptimizer's to float tolerance (recorded).
+x_DO and x_ZeRO: step time over DistributedOptimizer's and over ZeroRedundancyOptimizer + DDP's, same run.
+--fused gives every mode's Adam fused=True. --merge a.json b.json prints one table from runs split by rank count or
+round (each run under ~10 minutes on a shared machine).
 """
 import argparse
 import json
@@ -90,18 +93,20 @@ def run_job(args):
     rows = slice(rank * args.batch, (rank + 1) * args.batch)
     params = sum(p.numel() for p in model.parameters())
     mode = args.mode
+    adam_options = {"fused": True} if args.fused else {}
     inner_state = None
     if mode == "torch-zero-ddp":
         import allreduce   # sibling benchmark: the env:// rendezvous helper
         from torch.distributed.optim import ZeroRedundancyOptimizer
         allreduce.init_torch_distributed(comm, "gloo")
         trained = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
-        optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-4)
+        optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-4,
+                                            **adam_options)
         inner_state = lambda: optimizer.optim.state                      # noqa: E731
         grad_buffers = lambda: []                                        # noqa: E731
     else:
         trained = model
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, **adam_options)
         if mode in SHARD_OF_MODE:
             optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                                  shard=SHARD_OF_MODE[mode], overlap=OVERLAP_OF_MODE.get(mode))
@@ -167,12 +172,15 @@ def table(records):
     rows = []
     for r in records:
         base = next(b for b in records if b["ranks"] == r["ranks"] and b["mode"] == "distributed-optimizer")
+        zero = next((b for b in records if b["ranks"] == r["ranks"] and b["mode"] == "torch-zero-ddp"), None)
         rows.append([r["ranks"], r["mode"], f"{r['step_s'] * 1e3:.0f}", f"{r['step_s'] / base['step_s']:.2f}",
+                     f"{r['step_s'] / zero['step_s']:.2f}" if zero else "-",
                      f"{r['state_mb']:.0f}", f"{r['state_mb'] / base['state_mb']:.3f}", f"{r['grad_mb']:.0f}",
                      f"{r['peak_rss_mb'] - r['rss_model_mb']:.0f}", f"{r['peak_rss_mb']:.0f}",
                      f"{r.get('max_diff_vs_distributed_optimizer', 0.0):.1e}", r["ranks_agree"]])
     return common.format_table(
-        ["ranks", "mode", "step_ms", "x_DO", "state_MB", "state_x_DO", "grad_MB", "added_peak_RSS_MB", "peak_RSS_MB",
+        ["ranks", "mode", "step_ms", "x_DO", "x_ZeRO", "state_MB", "state_x_DO", "grad_MB", "added_peak_RSS_MB",
+         "peak_RSS_MB",
          "max_diff", "in_sync"], rows,
         title="per rank: median step time, optimizer state, gradients held after backward, peak RSS")
 
@@ -212,6 +220,13 @@ def main():
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json")
     parser.add_argument("--png")
+    parser.add_argument("--fused", action="store_true",
+                        help="every mode's Adam with fused=True (torch's one-kernel update; without it torch steps "
+                             "CPU tensors one operation at a time, and the sharded modes pick the fused kernel for "
+                             "their shard themselves)")
+    parser.add_argument("--merge", nargs="+", metavar="JSON",
+                        help="print (and --json/--png) one table from the rounds of earlier runs' JSON files, e.g. "
+                             "one file per rank count or per round")
     parser.add_argument("--quick", action="store_true", help="a small model, 2 ranks, 2 steps: checks it runs")
     parser.add_argument("--job", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--mode", help=argparse.SUPPRESS)
@@ -219,9 +234,12 @@ def main():
     args = parser.parse_args()
     if args.job:
         return run_job(args)
+    if args.merge:
+        return merge_files(args)
     if args.quick:
         args.width, args.depth, args.batch, args.warmup, args.steps, args.ranks, args.rounds = 256, 3, 4, 1, 2, "2", 1
     records = []
+    load_at_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="ringtrain-sharded-bench-") as scratch:
         for n in [int(v) for v in args.ranks.split(",")]:
             rounds = []
@@ -232,7 +250,8 @@ def main():
                                for mode, job in jobs.items()])
             records += merge_rounds(rounds)
     print(f"# benchmarks/sharded_optimizer.py {' '.join(sys.argv[1:])}\n# commit {common.source_commit()}, "
-          f"{time.strftime('%Y-%m-%d %H:%M %z')}, load average at the end {os.getloadavg()[0]:.1f}")
+          f"{time.strftime('%Y-%m-%d %H:%M %z')}, load average at the start {load_at_start:.1f}, at the end "
+          f"{os.getloadavg()[0]:.1f}")
     print(table(records))
     if args.json:
         common.write_json(args.json, dict(machine=common.machine_info(), args=vars(args), records=records))
@@ -253,8 +272,39 @@ def merge_rounds(rounds):
                 record[key] = common.median([r[key] for r in same])
         record["ranks_agree"] = all(r["ranks_agree"] for r in same)
         record["rounds_step_s"] = [r["step_s"] for r in same]
+        record["rounds"] = same           # what merge_files() merges again
         merged.append(record)
     return merged
+
+
+def merge_files(args):
+    """One table from several runs: each (ranks, mode)'s rounds from every file, merged as one run's rounds (every
+    file holds whole rounds, all modes taking turns, so the ratios of one rank count stay same-run ratios)."""
+    by_key, sources = {}, []
+    for path in args.merge:
+        with open(path) as f:
+            run = json.load(f)
+        sources.append((path, run))
+        for record in run["records"]:
+            rounds = [dict(r, source=path) for r in record.get("rounds", [record])]
+            by_key.setdefault((record["ranks"], record["mode"]), []).extend(rounds)
+    counts = {len(rounds) for rounds in by_key.values()}
+    if len(counts) != 1:
+        raise SystemExit(f"the files hold different numbers of rounds per mode: {sorted(counts)}")
+    keys = sorted(by_key, key=lambda k: (k[0], MODES.index(k[1]) if k[1] in MODES else len(MODES)))
+    count = counts.pop()
+    records = merge_rounds([[by_key[k][i] for k in keys] for i in range(count)])
+    print(f"# benchmarks/sharded_optimizer.py --merge: {count} rounds per mode from")
+    for path, run in sources:
+        options = " ".join(f"--{k} {run['args'][k]}" for k in ("ranks", "rounds") if k in run["args"])
+        print(f"#   {os.path.basename(path)}: {options}{' --fused' if run['args'].get('fused') else ''}")
+    print(table(records))
+    if args.json:
+        common.write_json(args.json, dict(machine=common.machine_info(), args=vars(args), sources=args.merge,
+                                          records=records))
+    if args.png:
+        plot(records, args.png)
+    return 0
 
 
 def run_round(args, n, scratch, round_number):

@@ -242,22 +242,37 @@ def _grouped(kind, start, arrays, name, process_set):
 
 
 # ------------------------------------------------------------------------------------------------ others
-def allgather_async(array, name: "str | None" = None, process_set: "ProcessSet | None" = None) -> Handle:
+def allgather_async(array, name: "str | None" = None, process_set: "ProcessSet | None" = None,
+                    out=None) -> Handle:
     """Concatenate every rank's array along dim 0 (dim 0 may differ per rank; the rest must match), in rank order
-    (within the set)."""
+    (within the set). `out`: see allgather()."""
     to = route(process_set)
-    if np.ndim(array) == 0:
-        raise ValueError("allgather needs an array with at least one dimension")
-    return _submit("allgather", array, name, to=to)
+    _check_allgather(array, out)
+    return _submit("allgather", array, name, out=out, to=to)
 
 
-def allgather(array, name: "str | None" = None, process_set: "ProcessSet | None" = None):
+def allgather(array, name: "str | None" = None, process_set: "ProcessSet | None" = None, out=None):
     """Every rank's array concatenated along dim 0, in rank order (within the set). Dim 0 may differ per rank; the
-    other dimensions and the dtype must match."""
+    other dimensions and the dtype must match. The result is a new array unless `out` is given: a C-contiguous
+    array of the gathered shape and the input's dtype, written in place (the result then IS out; a wrong dim 0 is
+    a ValueError from wait(), on this rank only). When `array` already lies at this rank's place in `out` (a view
+    of it), this rank's part is not copied at all: a sharded optimizer gathers parameters into themselves."""
     to = route(process_set)
+    _check_allgather(array, out)
+    return _submit("allgather", array, name, out=out, sync=True, to=to).wait()
+
+
+def _check_allgather(array, out):
     if np.ndim(array) == 0:
         raise ValueError("allgather needs an array with at least one dimension")
-    return _submit("allgather", array, name, sync=True, to=to).wait()
+    if out is None:
+        return
+    if _device_of(out) != _device_of(array) or out.dtype != array.dtype or out.shape[1:] != array.shape[1:]:
+        raise ValueError(f"allgather out has shape {out.shape} {out.dtype} on {_device_of(out)}, the input "
+                         f"{array.shape} {array.dtype} on {_device_of(array)}: out needs the input's dtype and "
+                         "device and its shape past dim 0")
+    if not out.flags.c_contiguous:
+        raise ValueError(f"allgather out of shape {out.shape} is not C-contiguous")
 
 
 def grouped_allgather_async(arrays, name: "str | None" = None, process_set: "ProcessSet | None" = None) -> Handle:

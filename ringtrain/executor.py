@@ -22,6 +22,12 @@ from .transports.base import even_counts
 log = logging.getLogger("ringtrain")
 
 
+def _address(array):
+    """Where a numpy or cupy array's data starts."""
+    interface = getattr(array, "__array_interface__", None) or array.__cuda_array_interface__
+    return interface["data"][0]
+
+
 def _numel(shape):
     n = 1
     for d in shape:
@@ -83,7 +89,10 @@ class Executor:
                 result = self._reducescatter(req, action, ops)
             else:
                 raise ValueError(f"unknown collective kind {kind!r}")
-            req.handle._set_result(req.result(result), ops.done_event())
+            if isinstance(result, ValueError):          # a wrong allgather out: its caller alone learns of it
+                req.handle._set_error(result)
+            else:
+                req.handle._set_result(req.result(result), ops.done_event())
         elapsed = time.perf_counter() - start
         self.stats.record(kind, nbytes, elapsed)
         if self.timeline is not None:
@@ -172,14 +181,25 @@ class Executor:
 
     # ------------------------------------------------------------------------------------------------ the others
     def _allgather(self, req, meta, first_dims, ops):
+        """Into req.out when given (in place: a rank whose input already lies at its place in out copies nothing
+        in), else a new array. An out of the wrong shape still takes part (peers are in this very collective) and
+        comes back as the ValueError its handle raises."""
         row = _numel(meta.shape[1:])
         counts = [d * row for d in first_dims]
-        out = ops.empty((sum(first_dims),) + tuple(meta.shape[1:]), DTYPES[meta.dtype])
+        shape = (sum(first_dims),) + tuple(meta.shape[1:])
+        out, wrong = req.out, None
+        if out is not None and tuple(out.shape) != shape:
+            wrong = ValueError(f"allgather {req.name!r}: out has shape {tuple(out.shape)}, the ranks gather "
+                               f"{shape}")
+        if out is None or wrong is not None:
+            out = ops.empty(shape, DTYPES[meta.dtype])
         flat = out.reshape(-1)
         start = sum(counts[:self.rank])
-        flat[start:start + counts[self.rank]] = req.array.reshape(-1)
+        mine = flat[start:start + counts[self.rank]]
+        if mine.size and _address(mine) != _address(req.array):
+            mine[...] = req.array.reshape(-1)
         self.transport(meta.device).allgather(flat, counts)
-        return out
+        return out if wrong is None else wrong
 
     def _alltoall(self, req, meta, splits, ops):
         row = _numel(meta.shape[1:])
@@ -197,10 +217,15 @@ class Executor:
         row = _numel(meta.shape[1:])
         counts = [r * row for r in rows]
         transport = self.transport(meta.device)
-        # the input is not ours to overwrite: reduce in the (persistent) staging buffer instead of a fresh copy
+        # the input is not ours to overwrite: reduce in the (persistent) staging buffer instead of a fresh copy. On
+        # the host the transport reads the input itself (shm: only the blocks peers reduce are copied in, and this
+        # rank's block is reduced from the input straight into the staging buffer, a pass less than packing it)
         buf = transport.staging_buffer(meta.nbytes).view(dtype)
-        ops.pack([req.array.reshape(-1)], buf)
-        transport.reducescatter(buf, counts, ReduceOp(meta.op))
+        if meta.device == "cpu":
+            transport.reducescatter_out(req.array.reshape(-1), buf, counts, ReduceOp(meta.op))
+        else:
+            ops.pack([req.array.reshape(-1)], buf)
+            transport.reducescatter(buf, counts, ReduceOp(meta.op))
         start = sum(counts[:self.rank])
         out = ops.empty((rows[self.rank],) + tuple(meta.shape[1:]), dtype)
         # the prescale is applied to the reduced block, not the inputs: the same for a linear reduction

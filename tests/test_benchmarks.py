@@ -352,8 +352,18 @@ def test_sharded_optimizer_quick(tmp_path):
             assert r["max_diff_vs_distributed_optimizer"] < 1e-5, f"{mode} trained a different model"
             assert r["state_mb"] <= full / 2 * 1.35, f"{mode} keeps {r['state_mb']} MB of state at 2 ranks"
     assert records["shard-gradients"]["grad_mb"] < records["distributed-optimizer"]["grad_mb"]
-    assert "shard-gradients" in stdout
+    assert "shard-gradients" in stdout and "x_ZeRO" in stdout
     assert_png(out_png)
+    # runs split by rank count or round come together as one table: here the one run's round twice
+    merged_json, merged_png = str(tmp_path / "merged.json"), str(tmp_path / "merged.png")
+    stdout = run_script([sys.executable, os.path.join(BENCH_DIR, "sharded_optimizer.py"), "--merge", out_json,
+                         out_json, "--json", merged_json, "--png", merged_png], timeout=60)
+    with open(merged_json) as f:
+        merged = {r["mode"]: r for r in json.load(f)["records"]}
+    assert set(merged) == set(records) and "2 rounds per mode" in stdout
+    for mode, r in merged.items():
+        assert r["rounds_step_s"] == [records[mode]["step_s"]] * 2 and r["step_s"] == records[mode]["step_s"]
+    assert_png(merged_png)
 
 
 def test_commit_ab_orders_arms_abba_and_compares_medians_best_jobs_and_lockstep_ratios(tmp_path):

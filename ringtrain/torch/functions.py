@@ -302,10 +302,18 @@ def set_size(process_set):
 # ---------------------------------------------------------------- allgather, broadcast, alltoall, reducescatter
 
 def allgather_async(tensor: torch.Tensor, name: "str | None" = None,
-                    process_set: ProcessSet = global_process_set) -> "TensorHandle":
-    """Concatenate every rank's tensor along dim 0 (dim 0 may differ per rank)."""
-    handle = _core.allgather_async(to_array(contiguous(tensor)), name=name, process_set=process_set)
-    return TensorHandle(handle, from_array)
+                    process_set: ProcessSet = global_process_set, out: "torch.Tensor | None" = None) -> "TensorHandle":
+    """Concatenate every rank's tensor along dim 0 (dim 0 may differ per rank). out: a contiguous tensor of the
+    gathered shape to write into (wait() then returns it); a `tensor` that is a view of out at this rank's place
+    is not copied at all."""
+    if out is None:
+        handle = _core.allgather_async(to_array(contiguous(tensor)), name=name, process_set=process_set)
+        return TensorHandle(handle, from_array)
+    if not out.is_contiguous():
+        raise ValueError(f"allgather out of shape {tuple(out.shape)} is not contiguous")
+    handle = _core.allgather_async(to_array(contiguous(tensor)), name=name, process_set=process_set,
+                                   out=to_array(out))
+    return TensorHandle(handle, lambda _result: out)
 
 
 def grouped_allgather_async(tensors, name: "str | None" = None, process_set=global_process_set):

@@ -78,6 +78,14 @@ class Transport(abc.ABC):
         if scale != 1.0:
             scale_into(dst, dst, scale)
 
+    def reducescatter_out(self, src, dst, counts, op):
+        """Block `rank` of dst <- that block of src reduced over all ranks; src is left as it was, dst's other
+        blocks are unspecified. Transports that map their peers' memory override this to read src directly; the
+        default copies src into dst and reduces there."""
+        if dst is not src:
+            dst[...] = src
+        self.reducescatter(dst, counts, op)
+
     @abc.abstractmethod
     def reducescatter(self, buf, counts, op):
         """In place: afterwards block `rank` of buf holds the reduction of that block over all ranks.

@@ -54,7 +54,6 @@ from mpi4py import MPI
 from ..ops import scale_into
 from .base import Transport, even_counts, offsets
 from .pairwise import allgather_views, reducescatter_views
-from .shm import SharedMemoryTransport
 from . import transport_class
 
 
@@ -67,17 +66,6 @@ def is_grid(nodes):
     """Every node holds g ranks and node k is world ranks k*g .. k*g+g-1."""
     g = len(nodes[0])
     return all(node == list(range(k * g, (k + 1) * g)) for k, node in enumerate(nodes))
-
-
-def reducescatter_into(transport, src, dst, counts, op):
-    """Block `rank` of dst <- that block of src reduced over transport's ranks, src untouched. shm reads src
-    directly; other intra-node transports (mpi, when the hierarchy is forced over transport mpi) work on a copy."""
-    if isinstance(transport, SharedMemoryTransport):
-        transport.reducescatter_out(src, dst, counts, op)
-        return
-    if dst is not src:
-        dst[...] = src
-    transport.reducescatter(dst, counts, op)
 
 
 def cross_allreduce(transport, block, op, scale):
@@ -149,7 +137,7 @@ class HierarchicalTransport(Transport):
         blocks = even_counts(src.size, self.num_blocks)
         starts = offsets(blocks)
         intra_counts = [sum(blocks[first:end]) for first, end in self._owned]
-        reducescatter_into(self.intra, src, dst, intra_counts, op)
+        self.intra.reducescatter_out(src, dst, intra_counts, op)    # shm reads src directly
         for block, transport in self.cross:
             cross_allreduce(transport, dst[starts[block]: starts[block] + blocks[block]], op, scale)
         self.intra.allgather(dst, intra_counts)

@@ -122,6 +122,39 @@ def test_allgather_uneven_first_dim(transport, dtype_name):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("rows_per_rank", [5, LARGE // 3])
+def test_allgather_into_out_in_place_and_not(transport, rows_per_rank):
+    """out= is written in place; a rank whose input already is its block of out (a view) gets the same result."""
+    r, n = rt.rank(), rt.size()
+    rows = lambda k: rows_per_rank + k    # uneven
+    want = np.concatenate([data(k, (rows(k), 3), np.float32, rt.Sum, 13) for k in range(n)])
+    out = np.full_like(want, -7)
+    start = sum(rows(k) for k in range(r))
+    mine = out[start:start + rows(r)]
+    mine[...] = data(r, (rows(r), 3), np.float32, rt.Sum, 13)
+    assert rt.allgather(mine, name=f"ag.inplace.{rows_per_rank}", out=out) is out
+    np.testing.assert_array_equal(out, want)
+    other = np.full_like(want, -7)
+    got = rt.allgather_async(data(r, (rows(r), 3), np.float32, rt.Sum, 13), name=f"ag.out.{rows_per_rank}",
+                             out=other).wait()
+    assert got is other
+    np.testing.assert_array_equal(other, want)
+
+
+def test_allgather_out_of_the_wrong_shape_fails_on_its_rank_only(transport):
+    r, n = rt.rank(), rt.size()
+    with pytest.raises(ValueError, match="dtype"):
+        rt.allgather(np.zeros((2, 3), np.float32), out=np.zeros((2 * n, 3), np.float64))    # before submitting
+    wrong = np.zeros((2 * n + (r == 1), 3), np.float32)
+    if r == 1:
+        with pytest.raises(ValueError, match="out has shape"):
+            rt.allgather(np.full((2, 3), r, np.float32), name="ag.wrong", out=wrong)
+    else:
+        got = rt.allgather(np.full((2, 3), r, np.float32), name="ag.wrong", out=wrong)
+        np.testing.assert_array_equal(got, np.repeat(np.arange(n, dtype=np.float32), 2)[:, None] * np.ones(3))
+    np.testing.assert_array_equal(rt.allgather(np.full(1, r, np.int32), name="ag.after"), np.arange(n))
+
+
 @pytest.mark.parametrize("size", [0, 1, 4099])
 def test_broadcast_every_root(transport, size):
     r, n = rt.rank(), rt.size()
@@ -149,6 +182,21 @@ def test_reducescatter(transport, op):
     counts = [rows // n + (1 if k < rows % n else 0) for k in range(n)]
     start = sum(counts[:r])
     np.testing.assert_allclose(got, full[start:start + counts[r]], rtol=1e-6)
+
+
+def test_reducescatter_larger_than_the_shared_region_leaves_its_input(transport):
+    """~1 MB against a 64 KB region: the transport reads the input itself (shm: chunk by chunk) and must not write
+    into it."""
+    r, n = rt.rank(), rt.size()
+    rows = LARGE // 3 + n + 1
+    mine = data(r, (rows, 3), np.float32, rt.Sum, 6)
+    kept = mine.copy()
+    got = rt.reducescatter(mine, op=rt.Average, name="rs.large")
+    full = sum(data(k, (rows, 3), np.float32, rt.Sum, 6) for k in range(n)) / n
+    counts = [rows // n + (1 if k < rows % n else 0) for k in range(n)]
+    start = sum(counts[:r])
+    np.testing.assert_allclose(got, full[start:start + counts[r]], rtol=1e-6)
+    np.testing.assert_array_equal(mine, kept)
 
 
 def test_out_of_order_submission_completes(transport):

@@ -205,6 +205,22 @@ def test_stage_two_keeps_only_its_shard_of_the_gradients(rt):
     assert state == 2 * mine, f"Adam keeps 2 moments of this rank's {mine} elements, found {state} elements"
 
 
+def test_shard_steps_with_torchs_fused_kernel_unless_the_user_chose(rt):
+    """Left to torch (foreach and fused None), the shard's views are stepped by the fused kernel, step after step
+    (the user's groups, synced in every step for lr schedulers, must not switch it back); a user's choice stands."""
+    data = batches(rt.size() * SHARD, steps=2)
+    for make, want in ((lambda params: torch.optim.AdamW(params, lr=0.01), {"fused": True, "foreach": None}),
+                       (lambda params: torch.optim.Rprop(params, lr=0.01), {"foreach": True}),
+                       (lambda params: torch.optim.Adam(params, lr=0.01, foreach=False),
+                        {"fused": None, "foreach": False})):
+        model, opt = train_sharded(rt, make, data, "optimizer", **CAPS)
+        for group in opt._rt_sharding.inner.param_groups:
+            assert {key: group[key] for key in want} == want, f"{type(opt).__mro__[2].__name__}: {group}"
+        assert all(group.get("fused") in (None, False) for group in opt.param_groups), "the user's groups changed"
+        reference, _ = train_reference(make, data)
+        assert_close_models(model, reference, 1e-8, f"{type(opt).__mro__[2].__name__}")
+
+
 def test_unused_parameters_and_a_bucket_smaller_than_the_ranks(rt):
     """A parameter no rank uses (its bucket never completes during backward) and 1-element tensors: no hang, and
     the same result as one process (which gives the unused parameter no update)."""
