@@ -218,6 +218,9 @@ def main():
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--first-round", type=int, default=0,
+                        help="number of the first round (rounds alternate the order of the modes): a run split "
+                             "into one round per run keeps alternating")
     parser.add_argument("--json")
     parser.add_argument("--png")
     parser.add_argument("--fused", action="store_true",
@@ -243,7 +246,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="ringtrain-sharded-bench-") as scratch:
         for n in [int(v) for v in args.ranks.split(",")]:
             rounds = []
-            for round_number in range(args.rounds):
+            for round_number in range(args.first_round, args.first_round + args.rounds):
                 jobs = run_round(args, n, scratch, round_number)
                 reference = jobs.get("distributed-optimizer")
                 rounds.append([summarize(job, reference if mode != "distributed-optimizer" else None)

@@ -433,11 +433,11 @@ MUTANTS = [
            "a bucket of one parameter is allgathered into a scratch copy: the parameter keeps the other ranks' "
            "blocks of the step before"),
     Mutant("sharded_step_switches_back_to_the_users_implementation", "ringtrain/torch/sharded.py",
-           "mine.update(_hyperparameters(group, self.implementation))",
-           "mine.update(_hyperparameters(group))",
+           "return dict(_hyperparameters(group), **self.implementation)",
+           "return _hyperparameters(group)",
            (Tests((SHARDED,), ranks=2, select="fused_kernel"),),
-           "syncing the user's groups into the shard's each step resets fused/foreach to None (torch's slow "
-           "per-tensor loop on the CPU)"),
+           "syncing the user's groups into the shard's (each step, and on loading a state dict) resets fused/foreach "
+           "to None: torch's slow per-operation loop on the CPU"),
     Mutant("allgather_in_place_check_compares_sizes", "ringtrain/executor.py",
            "if mine.size and _address(mine) != _address(req.array):",
            "if mine.size and mine.size != req.array.size:",

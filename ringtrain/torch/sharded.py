@@ -231,11 +231,16 @@ class _Sharding:
         # the constructor's own keywords only (AdamW's defaults hold a decoupled_weight_decay it does not take)
         accepted = inspect.signature(base.__init__).parameters
         self.implementation = _implementation(accepted, self.owner.param_groups, self.views)
-        groups = [dict(_hyperparameters(group, self.implementation), params=params)
+        groups = [dict(self._settings(group), params=params)
                   for group, params in zip(self.owner.param_groups, members)]
         keywords = {k: v for k, v in self.owner.defaults.items() if k in accepted}
         self.inner = base(groups, **dict(keywords, **self.implementation))
         self.inner_index = {id(v): i for i, v in enumerate(v for g in groups for v in g["params"])}
+
+    def _settings(self, group):
+        """What the inner optimizer's group for the user's `group` holds besides its views: the user's settings, and
+        the implementation chosen for the shard (torch's load_state_dict replaces whole groups: it must come too)."""
+        return dict(_hyperparameters(group), **self.implementation)
 
     def _check_same_model(self, all_params, overlap):
         mine = [(self.names[id(p)], tuple(p.shape), str(p.dtype).replace("torch.", ""), p.requires_grad)
@@ -275,7 +280,7 @@ class _Sharding:
     def _apply(self):
         self.wait_for_parameters()           # (gathers still in flight from the last step: an unused layer's)
         for group, mine in zip(self.owner.param_groups, self.inner.param_groups):
-            mine.update(_hyperparameters(group, self.implementation))    # lr schedulers change the user's groups
+            mine.update(self._settings(group))        # lr schedulers change the user's groups
         result = self.inner.step()
         self.gradients.reopen()
         for view in self.views:
@@ -489,7 +494,7 @@ class _Sharding:
             group.update(_hyperparameters(saved))
         inner_state = {self.inner_index[id(view)]: entry for view, entry in zip(self.views, entries) if entry}
         self.inner.load_state_dict({"state": inner_state, "param_groups": [
-            dict(_hyperparameters(group, self.implementation), params=[self.inner_index[id(v)] for v in mine["params"]])
+            dict(self._settings(group), params=[self.inner_index[id(v)] for v in mine["params"]])
             for group, mine in zip(self.owner.param_groups, self.inner.param_groups)]})
         self.gradients.drop_pending()
 
@@ -749,10 +754,8 @@ def _is_elementwise(key, value, shape):
             and (len(shape) > 0 or key != "step"))
 
 
-def _hyperparameters(group, implementation=()):
-    """A param group's settings without its parameters (nor the keys of the implementation the inner optimizer
-    chose for itself)."""
-    return {key: value for key, value in group.items() if key != "params" and key not in implementation}
+def _hyperparameters(group):
+    return {key: value for key, value in group.items() if key != "params"}
 
 
 def _implementation(accepted, groups, views):

@@ -214,11 +214,13 @@ def test_shard_steps_with_torchs_fused_kernel_unless_the_user_chose(rt):
                        (lambda params: torch.optim.Adam(params, lr=0.01, foreach=False),
                         {"fused": None, "foreach": False})):
         model, opt = train_sharded(rt, make, data, "optimizer", **CAPS)
-        for group in opt._rt_sharding.inner.param_groups:
-            assert {key: group[key] for key in want} == want, f"{type(opt).__mro__[2].__name__}: {group}"
-        assert all(group.get("fused") in (None, False) for group in opt.param_groups), "the user's groups changed"
-        reference, _ = train_reference(make, data)
+        reference, ref_opt = train_reference(make, data)
         assert_close_models(model, reference, 1e-8, f"{type(opt).__mro__[2].__name__}")
+        for when in ("after steps", "after load_state_dict"):
+            for group in opt._rt_sharding.inner.param_groups:
+                assert {key: group[key] for key in want} == want, f"{type(opt).__mro__[2].__name__} {when}: {group}"
+            assert all(group.get("fused") in (None, False) for group in opt.param_groups), "the user's groups changed"
+            opt.load_state_dict(ref_opt.state_dict())
 
 
 def test_unused_parameters_and_a_bucket_smaller_than_the_ranks(rt):
