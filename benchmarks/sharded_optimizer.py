@@ -322,6 +322,8 @@ def run_round(args, n, scratch, round_number):
         command = [mpiexec, "-n", str(n), sys.executable, os.path.abspath(__file__), "--job", "--mode", mode,
                    "--out", out, "--width", str(args.width), "--depth", str(args.depth),
                    "--batch", str(args.batch), "--warmup", str(args.warmup), "--steps", str(args.steps)]
+        if args.fused:
+            command.append("--fused")
         env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // n)))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, BENCH_DIR, env.get("PYTHONPATH")) if p)
         subprocess.run(command, check=True, env=env, timeout=1800)
