@@ -185,6 +185,12 @@ def table(records):
         title="per rank: median step time, optimizer state, gradients held after backward, peak RSS")
 
 
+def rounds_lines(records):
+    """Each mode's step time per round: on a shared machine one round can differ from the next by 2x."""
+    return "\n".join(f"# {r['ranks']} ranks {r['mode']}: step time per round "
+                     f"{[round(t, 3) for t in r.get('rounds_step_s', [r['step_s']])]} s" for r in records)
+
+
 def plot(records, path):
     plt = common.pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
@@ -256,6 +262,7 @@ def main():
           f"{time.strftime('%Y-%m-%d %H:%M %z')}, load average at the start {load_at_start:.1f}, at the end "
           f"{os.getloadavg()[0]:.1f}")
     print(table(records))
+    print(rounds_lines(records))
     if args.json:
         common.write_json(args.json, dict(machine=common.machine_info(), args=vars(args), records=records))
     if args.png:
@@ -302,6 +309,7 @@ def merge_files(args):
         options = " ".join(f"--{k} {run['args'][k]}" for k in ("ranks", "rounds") if k in run["args"])
         print(f"#   {os.path.basename(path)}: {options}{' --fused' if run['args'].get('fused') else ''}")
     print(table(records))
+    print(rounds_lines(records))
     if args.json:
         common.write_json(args.json, dict(machine=common.machine_info(), args=vars(args), sources=args.merge,
                                           records=records))
