@@ -57,22 +57,23 @@ def test_the_users_own_malloc_settings_are_left_alone():
 
 
 WRAPPED = """
-import json, torch
+import json, sys, torch
 import ringtrain.torch as hvd
 from ringtrain import host_memory
 hvd.init()
 model = torch.nn.Linear(3000, 3000)      # a 36 MB weight gradient
-hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), overlap=False)
+hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), overlap=False, **eval(sys.argv[1]))
 print(json.dumps(host_memory._set))
 hvd.shutdown()
 """
 
 
 @pytest.mark.skipif(host_memory._mallopt() is None, reason="the C library is not glibc")
-def test_wrapping_a_cpu_model_keeps_blocks_as_large_as_its_gradients():
+@pytest.mark.parametrize("options", ["{}", "{'shard': 'optimizer'}", "{'shard': 'gradients'}"])
+def test_wrapping_a_cpu_model_keeps_blocks_as_large_as_its_gradients(options):
     environment = {k: v for k, v in os.environ.items() if k not in host_memory.USER_SETTINGS}
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
-    out = subprocess.run([sys.executable, "-c", WRAPPED], env=environment, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", WRAPPED, options], env=environment, capture_output=True, text=True,
                          timeout=120, check=True).stdout
     mmap_threshold, trim_threshold = json.loads(out.splitlines()[-1])
     assert mmap_threshold >= 2 * 36_000_000 and trim_threshold >= 4 * 36_012_000, (mmap_threshold, trim_threshold)

@@ -52,6 +52,7 @@ import weakref
 
 import torch
 
+from ringtrain import host_memory
 from ringtrain.errors import RingtrainError, TensorMismatchError
 from ringtrain.model_check import describe_model_mismatch
 from ringtrain.process_sets import global_process_set
@@ -655,6 +656,11 @@ class _ScatteredGradients:
                                overlap=overlap, groups=[[params[i] for i in b.params] for b in plan.buckets],
                                collective=Collective.REDUCESCATTER)
         self.shards = {}                 # bucket index -> this rank's block of the averaged bucket (1-D)
+        host = [m.nbytes for m in self.reducer.members if m.host]
+        if host:
+            # every step backward makes each full gradient afresh and it is freed once reduce-scattered: keep the
+            # freed blocks in the heap for the next step instead of faulting in fresh pages (as GradientHooks does)
+            host_memory.keep_freed_blocks(max(host), sum(host))
         self.hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in params]
 
     def _on_gradient(self, param):
