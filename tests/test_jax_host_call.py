@@ -115,3 +115,30 @@ def test_a_failed_build_falls_back_to_the_host_callback_with_a_warning(monkeypat
     monkeypatch.setenv("RINGTRAIN_JAX_LOWERING", "ffi")
     with pytest.raises(RuntimeError, match="RINGTRAIN_JAX_LOWERING=ffi"):
         jax.jit(lambda x: scaled_p.bind(x, spec=3.0)[0])(jnp.ones(3))
+
+
+shared_buffers = []
+
+
+def _double_into(inputs, outputs, spec):
+    shared_buffers.append([x.ctypes.data == out.ctypes.data for x, out in zip(inputs, outputs)])
+    for x, out in zip(inputs, outputs):
+        np.multiply(x, 2, out=out)
+
+
+doubled_in_place_p = collective_primitive("test_doubled_in_place", lambda *arrays, spec: [a * 2 for a in arrays],
+                                          lambda *avals, spec: [ShapedArray(a.shape, a.dtype) for a in avals],
+                                          run_into=_double_into, in_place=True)
+
+
+def test_in_place_results_never_overwrite_an_input_still_in_use(lowering):
+    """in_place=True: the outputs take the inputs' buffers, and XLA copies an input that is used again (here: x)."""
+    x, y = jnp.arange(6.0), jnp.ones(3)
+    shared_buffers.clear()
+    doubled, again, other = jax.jit(lambda a, b: (*doubled_in_place_p.bind(a * 1, b, spec=None), a + 0))(x, y)
+    np.testing.assert_array_equal(np.asarray(doubled), np.arange(6.0) * 2)
+    np.testing.assert_array_equal(np.asarray(again), np.full(3, 2.0))
+    np.testing.assert_array_equal(np.asarray(other), np.arange(6.0))
+    np.testing.assert_array_equal(np.asarray(y), np.ones(3))          # a jit argument is not donated: untouched
+    if lowering == "ffi":                 # the intermediate a * 1 is dead after the call: its buffer is reused
+        assert shared_buffers[-1][0], shared_buffers

@@ -483,6 +483,11 @@ MUTANTS = [
            (Tests(("tests/test_jax_host_call.py",)),),
            "the FFI custom call takes the token but does not pass it on: XLA may run independent ones in another "
            "order"),
+    Mutant("jax_ffi_in_place_ignored", "ringtrain/jax/host_call.py",
+           "len(operands) if in_place else 0",
+           "0",
+           (Tests(("tests/test_jax_host_call.py",)),),
+           "in_place=True lowers without the operand-output aliases: XLA allocates fresh outputs every call"),
     Mutant("jax_reduction_ordered_flag_ignored", "ringtrain/jax/optimizer.py",
            "primitive = ordered_reduce_gradients_p if ordered else reduce_gradients_p",
            "primitive = reduce_gradients_p",

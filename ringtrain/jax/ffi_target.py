@@ -82,9 +82,12 @@ def register(run_into, spec, avals_in, avals_out):
         return len(_calls) - 1
 
 
-def lowering(ctx, *operands, call):
-    """Emit the custom call (ctx's avals include the token operand and result)."""
-    return jax.ffi.ffi_lowering(TARGET, has_side_effect=True)(ctx, *operands, call=np.int64(call))
+def lowering(ctx, *operands, call, in_place=0):
+    """Emit the custom call (ctx's avals include the token operand and result, if any). in_place=n: its first n
+    results are its first n operands' buffers (XLA copies an operand first where it is still needed)."""
+    aliases = {i: i for i in range(in_place)}
+    return jax.ffi.ffi_lowering(TARGET, has_side_effect=True, operand_output_aliases=aliases)(ctx, *operands,
+                                                                                              call=np.int64(call))
 
 
 def _load():

@@ -52,13 +52,15 @@ for _allowed in (effects.lowerable_effects, effects.ordered_effects, effects.con
     _allowed.add_type(CollectiveEffect)
 
 
-def collective_primitive(name, run, out_avals, run_into=None, ordered=True):
+def collective_primitive(name, run, out_avals, run_into=None, ordered=True, in_place=False):
     """A primitive whose outputs are `run(*inputs, spec=spec)` computed on the host. `out_avals(*avals, spec=spec)`
     gives the outputs' jax.core.ShapedArrays at trace time. `run_into(inputs, outputs, spec)`, if given, writes
     the results into `outputs` (XLA's buffers, under jit with the FFI lowering) instead. ordered=False: no JAX
     effect and no token -- the custom call is still never removed or merged by XLA (it has a side effect), but
     its place among other collectives of the same computation is XLA's schedule, not program order (see
-    optimizer.py for the one primitive that uses it, and why)."""
+    optimizer.py for the one primitive that uses it, and why). in_place=True (outputs shaped like the inputs): under
+    the FFI lowering XLA's output buffers ARE the input buffers, so XLA allocates none per call (run_into then
+    reads each input before it writes the output at the same place)."""
     primitive = Primitive(name)
     primitive.multiple_results = True
     run_into = run_into or copy_results(run)
@@ -71,7 +73,7 @@ def collective_primitive(name, run, out_avals, run_into=None, ordered=True):
 
     def lower(ctx, *operands, spec):
         if ffi_target.use_ffi(ctx.module_context.platforms[0]):
-            return _lower_to_ffi(ctx, operands, run_into, spec, ordered)
+            return _lower_to_ffi(ctx, operands, run_into, spec, ordered, len(operands) if in_place else 0)
 
         def callback(*inputs):
             return tuple(run(*inputs, spec=spec))
@@ -91,14 +93,15 @@ def collective_primitive(name, run, out_avals, run_into=None, ordered=True):
     return primitive
 
 
-def _lower_to_ffi(ctx, operands, run_into, spec, ordered):
+def _lower_to_ffi(ctx, operands, run_into, spec, ordered, in_place):
     """One FFI custom call, taking the ordering token as its last operand and returning it as its last result when
     the primitive is ordered."""
     call = ffi_target.register(run_into, spec, ctx.avals_in, ctx.avals_out)
     if not ordered:
-        return ffi_target.lowering(ctx, *operands, call=call)
+        return ffi_target.lowering(ctx, *operands, call=call, in_place=in_place)
     with_token = ctx.replace(avals_in=(*ctx.avals_in, abstract_token), avals_out=(*ctx.avals_out, abstract_token))
-    *results, token = ffi_target.lowering(with_token, *operands, ctx.tokens_in.get(COLLECTIVE), call=call)
+    *results, token = ffi_target.lowering(with_token, *operands, ctx.tokens_in.get(COLLECTIVE), call=call,
+                                          in_place=in_place)
     ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet({COLLECTIVE: token})))
     return results
 
