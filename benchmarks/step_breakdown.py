@@ -14,6 +14,8 @@ rounds reported):
   ddp             torch.nn.parallel.DistributedDataParallel (gloo): its allreduces run inside backward()
 A ringtrain mode may name variants, for same-run A/Bs of one setting (after-backward:sleepy):
   :sleepy         the caller's waits sleep after 0.2 ms, as the engine thread's do, instead of polling
+  :views          every bucket keeps its gradients as views (zeroed by zero_grad, added to by backward)
+  :refill         after backward, every host bucket is refilled by a copy (its gradients dropped by zero_grad)
 No barrier between steps: each step has exactly one synchronisation point, as in training. Per step and rank:
   fwd+bwd         zero_grad + forward + backward (wall; cpu = this thread's CPU time, which excludes time the OS
                   gave to other processes, so cpu < wall means the rank was descheduled)
@@ -175,6 +177,8 @@ def process_cpu():
 # Variants of a ringtrain mode for same-run A/Bs ("after-backward:sleepy"): what each sets, as (setting, value)
 VARIANTS = {
     "sleepy": ("caller_yield_s", 0.0),                      # the caller's waits sleep after 0.2 ms, as the engine's
+    "views": ("refill_min_tensor_bytes", float("inf")),     # every bucket keeps its gradients as views
+    "refill": ("refill_min_tensor_bytes", 0),               # after backward every host bucket is refilled
 }
 
 
@@ -214,6 +218,9 @@ def build(mode, args):
     if base in RINGTRAIN_MODES:
         named = [(f"{mode}.{name}", p) for name, p in model.named_parameters()]
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named, overlap=(base == "overlap"))
+        refill = settings(mode).get("refill_min_tensor_bytes")
+        if refill is not None:
+            optimizer._ringtrain.refill_min_tensor_bytes = refill
     return model, optimizer
 
 

@@ -245,6 +245,13 @@ MUTANTS = [
            "return bucket.views is not None",
            (Tests((OPTIMIZER_REFERENCE,), ranks=2, select="cleared_any_way"),),
            "after model.zero_grad() (or new .grad tensors) the stale bucket buffer is reduced"),
+    Mutant("optimizer_refilled_gradients_never_cleared", "ringtrain/torch/optimizer.py",
+           "            if bucket.views is None or (set_to_none and self.refilled(bucket)):\n"
+           "                others += bucket.keys\n                continue\n",
+           "            if set_to_none and self.refilled(bucket):\n                continue\n"
+           "            if bucket.views is None:\n                others += bucket.keys\n                continue\n",
+           (Tests(("tests/parallel/test_torch_optimizer.py",), ranks=2, select="refilled"),),
+           "zero_grad() neither drops nor zeroes the gradients of a refilled bucket: each step adds to the last"),
     Mutant("host_memory_thresholds_not_set", "ringtrain/host_memory.py",
            "if not (mallopt(M_MMAP_THRESHOLD, mmap_threshold) and mallopt(M_TRIM_THRESHOLD, trim_threshold)):",
            "if False:",

@@ -132,6 +132,37 @@ def test_cpu_gradients_live_in_the_shm_window_and_match_reference(rt, overlap):
 
 
 @pytest.mark.mpi(min_size=2)
+@SCHEDULES
+@pytest.mark.parametrize("passes", [1, 2])
+@pytest.mark.parametrize("refill", ["every bucket", "no bucket"])
+def test_refilled_buckets_train_as_views_do(rt, refill, passes, overlap):
+    """A bucket refilled by a copy every step (its gradients dropped by zero_grad) and one whose gradients stay
+    views of it (zeroed, added to) both equal one process; the refilled gradients are views after step() and gone
+    after zero_grad(), the others views throughout. Only after backward: with overlap every bucket keeps views."""
+    data = batches(rt.size(), passes)
+    make = OPTIMIZERS["sgd_momentum"]
+    model = make_model(dtype=torch.float64)
+    opt = rt.DistributedOptimizer(make(model.parameters()), named_parameters=model.named_parameters(),
+                                  backward_passes_per_step=passes, overlap=overlap)
+    opt._ringtrain.refill_min_tensor_bytes = 0 if refill == "every bucket" else float("inf")
+    lo, hi = rt.rank() * SHARD, (rt.rank() + 1) * SHARD
+    for number, step in enumerate(data):
+        opt.zero_grad()
+        grads = [p.grad for p in model.parameters()]
+        if number >= 2:       # buckets have views from the first step on, re-planned ones (overlap) from the second
+            assert all(g is None for g in grads) if refill == "every bucket" and not overlap else all(
+                g is not None and not g.any() for g in grads)
+        for x, y in step:
+            torch.nn.functional.mse_loss(model(x[lo:hi]), y[lo:hi]).backward()
+        opt.step()
+    reference = train_reference(make, data)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-9, msg=lambda m: f"{name}: {m}")
+    buffers = {p.grad.untyped_storage().data_ptr() for p in model.parameters()}
+    assert len(buffers) == len(opt._ringtrain.reducer.buckets)        # every gradient is a view of its bucket
+
+
+@pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("compression", ["fp16", "bf16"])
 def test_compressed_gradients_stay_close_to_reference(rt, compression):
     data = batches(rt.size(), 1, dtype=torch.float32)
