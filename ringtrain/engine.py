@@ -239,6 +239,10 @@ class Engine:
 
     def _pass_failed(self, e):
         """Whatever a pass raised becomes the engine's failure (KeyboardInterrupt and SystemExit go on up)."""
+        if isinstance(e, _FailedIn) and self.size > 1:
+            # an MPI call can fail on a peer that was just killed before the watchdog's next look: name the peer,
+            # not a crash of this engine
+            e = self.watchdog.peer_failure() or e
         if isinstance(e, RankFailureError):       # a peer died, failed, or this world was abandoned
             self._fail(e, fatal_peer=True)
             return

@@ -100,6 +100,21 @@ class Watchdog:
                 raise RankFailureError(
                     f"rank {rank} (pid {pid}) has died" + (f" while this rank waited for {what}" if what else ""))
 
+    def peer_failure(self, grace_s=0.25):
+        """The dead or failed peer behind an unexplained error, as check() would name it, or None. An MPI call to a
+        peer that was just killed can fail before this rank's next periodic check: look at once, then for up to
+        grace_s while the peer's death reaches /proc or its announcement arrives."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            self._next_check = 0.0
+            try:
+                self.check()
+            except RankFailureError as failure:
+                return failure
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.01)
+
     def wait(self, done, what="", timeout=None):
         """Poll done() until it returns true: a short busy spin, then polls that yield the CPU for YIELD_S (on an
         oversubscribed machine the peer we wait for may need this very core; see yield_s() for the caller of a

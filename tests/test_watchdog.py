@@ -104,3 +104,18 @@ def test_a_long_poll_keeps_checking_peers_and_moving_messages(monkeypatch, sleep
     start = time.monotonic()
     watchdog.wait(lambda: len(moved) >= 3, "a message that needs progress")
     assert time.monotonic() - start < 5
+
+
+def test_peer_failure_looks_at_once_and_through_its_grace_for_a_peer_dying_now(sleeper):
+    """After an MPI call failed on a peer that was just killed, the engine asks peer_failure() for the cause: it
+    must look now, not at the next periodic check (peer_check_s far away here), and keep looking for its grace
+    while the peer is still on its way out."""
+    watchdog = Watchdog({1: sleeper.pid}, peer_check_s=3600.0)
+    watchdog.check()                                    # the periodic check ran: the next is an hour away
+    start = time.monotonic()
+    assert watchdog.peer_failure(grace_s=0.2) is None   # a live peer is no explanation
+    assert 0.2 <= time.monotonic() - start < 2.0
+    threading.Timer(0.05, sleeper.kill).start()         # dies during the grace
+    failure = watchdog.peer_failure(grace_s=5.0)
+    assert isinstance(failure, RankFailureError)
+    assert f"rank 1 (pid {sleeper.pid}) has died" in str(failure)

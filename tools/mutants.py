@@ -510,6 +510,12 @@ MUTANTS = [
            "outs=None, sync=True)",
            (Tests((JAX_OPTIMIZER,), ranks=2, select="equal_one_process"),),
            "a bucket of one array is reduced into XLA's input buffer, not into its output buffer"),
+    Mutant("peer_failure_waits_for_the_periodic_check", "ringtrain/watchdog.py",
+           "            self._next_check = 0.0\n            try:\n                self.check()",
+           "            try:\n                self.check()",
+           (Tests(("tests/test_watchdog.py",), select="peer_failure"),),
+           "an MPI error on a just-killed peer is called this engine's crash: the dead peer is looked for only at "
+           "the next periodic check"),
     Mutant("elastic_restore_skipped", "ringtrain/elastic/runner.py",
            "                state.restore()\n",
            "                pass\n",
