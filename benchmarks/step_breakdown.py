@@ -16,6 +16,8 @@ A ringtrain mode may name variants, for same-run A/Bs of one setting (after-back
   :sleepy         the caller's waits sleep after 0.2 ms, as the engine thread's do, instead of polling
   :views          every bucket keeps its gradients as views (zeroed by zero_grad, added to by backward)
   :refill         after backward, every host bucket is refilled by a copy (its gradients dropped by zero_grad)
+  :copied         a refilled bucket's fresh gradient is copied into the bucket and reduced there, instead of
+                  reduced from where it lies into the bucket
 No barrier between steps: each step has exactly one synchronisation point, as in training. Per step and rank:
   fwd+bwd         zero_grad + forward + backward (wall; cpu = this thread's CPU time, which excludes time the OS
                   gave to other processes, so cpu < wall means the rank was descheduled)
@@ -179,6 +181,7 @@ VARIANTS = {
     "sleepy": ("caller_yield_s", 0.0),                      # the caller's waits sleep after 0.2 ms, as the engine's
     "views": ("refill_min_tensor_bytes", float("inf")),     # every bucket keeps its gradients as views
     "refill": ("refill_min_tensor_bytes", 0),               # after backward every host bucket is refilled
+    "copied": ("reduce_into_buffer", False),                # refilled buckets: copy in, then reduce in place
 }
 
 
@@ -221,6 +224,8 @@ def build(mode, args):
         refill = settings(mode).get("refill_min_tensor_bytes")
         if refill is not None:
             optimizer._ringtrain.refill_min_tensor_bytes = refill
+        if settings(mode).get("reduce_into_buffer") is False:
+            optimizer._ringtrain._reduce_into_buffer = lambda bucket, grad, sync: False
     return model, optimizer
 
 

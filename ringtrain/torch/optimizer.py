@@ -10,7 +10,8 @@ buffer, so backward accumulates into the buffer and nothing is packed or unpacke
 bucket of large gradients (1 MB or more on average), which zero_grad() drops and step() copies in again: one copy
 costs less than zeroing the bucket and adding into it (see _REFILL_MIN_TENSOR_BYTES). On CPU a gradient of 1 MB or more
 travels alone, and every CPU buffer comes from ringtrain.torch.empty_shared: with the shm transport it lives in the
-shared window, which is reduced in place with no copy-in or copy-out. Two schedules (`overlap=`):
+shared window, which is reduced in place with no copy-in or copy-out; a refilled bucket of one gradient is reduced
+from the fresh gradient straight into it (only the part peers read is copied in). Two schedules (`overlap=`):
 - overlap: each bucket is submitted asynchronously from a hook as soon as its last gradient is final, so the
   communication of late layers overlaps the backward pass of early ones (the engine's thread runs it). After the
   first step only each bucket's last-ready parameter runs Python; the others' hooks are `list.append`.
@@ -228,6 +229,9 @@ class GradientHooks:
         else:
             grads, sparse = self._dense_grads(bucket)
             flat = None
+            if (len(grads) == 1 and not sparse and self.refilled(bucket)
+                    and self._reduce_into_buffer(bucket, grads[0], sync)):
+                return
             if bucket.flat and grads and (len(grads) > 1 or not sparse):
                 # one copy into the persistent buffer, and .grad becomes views of it (DDP's gradient_as_bucket_view)
                 # so later steps accumulate there; a bucket with sparse gradients this step: a one-off flat tensor
@@ -249,6 +253,21 @@ class GradientHooks:
             works = [contiguous(wire) for wire, _ in compressed]
             reducer.submit(bucket, [to_array(w) for w in works], sync=sync,
                            done=functools.partial(self._unpack_each, reducer, grads, compressed, works))
+
+    def _reduce_into_buffer(self, bucket, grad, sync):
+        """A refilled bucket of one fresh gradient: reduced from it straight into the bucket's buffer, whose view
+        becomes .grad (the transport copies in only what peers read: on shm half a copy less than packing it
+        first). False, having done nothing, where the gradient cannot be read as it lies (compressed on the wire,
+        not contiguous)."""
+        reducer = self.reducer
+        wire, _ = reducer.compress(grad)
+        if wire is not grad or not grad.is_contiguous():
+            return False
+        self._buffer_for(bucket, [grad])
+        view = bucket.keys[0].grad = bucket.views[0]
+        # `grad` stays referenced by this frame until the (synchronous) reduction has read it
+        reducer.submit(bucket, [to_array(grad)], outs=[to_array(view)], sync=sync)
+        return True
 
     @staticmethod
     @torch.no_grad()
@@ -281,19 +300,25 @@ class GradientHooks:
         return grads, sparse
 
     @staticmethod
-    def _into_buffer(bucket, grads):
-        """Copy the bucket's gradients into its persistent flat buffer and make each .grad a view of it."""
+    def _buffer_for(bucket, grads):
+        """The bucket's persistent flat buffer (and its views shaped like the gradients), made at first use."""
         if bucket.buffer is None:
             numel, like = sum(g.numel() for g in grads), grads[0]
             # on the CPU in the shm window when there is one: reduced where it lies, no copy-in or copy-out
             bucket.buffer = (shared.empty_shared(numel, dtype=like.dtype) if like.device.type == "cpu"
                              else torch.empty(numel, dtype=like.dtype, device=like.device))
             bucket.views = list(_unflatten_dense_tensors(bucket.buffer, grads))
+        return bucket.buffer
+
+    @staticmethod
+    def _into_buffer(bucket, grads):
+        """Copy the bucket's gradients into its persistent flat buffer and make each .grad a view of it."""
+        buffer = GradientHooks._buffer_for(bucket, grads)
         with torch.no_grad():
             torch._foreach_copy_(bucket.views, grads)
         for p, view in zip(bucket.keys, bucket.views):
             p.grad = view
-        return bucket.buffer
+        return buffer
 
     # ------------------------------------------------------------ the step
 

@@ -209,10 +209,16 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
             ops.scale_into(dst, src, scale)
         elif src.nbytes <= SMALL_BYTES:
             self._small_allreduce(src, op, dst, scale)
-        elif dst is not src and (self._offset_in_region(src) is not None or self._offset_in_region(dst) is not None):
-            # a shared_array() on one side only: reduce in place in dst (copy-free when dst is the shared one)
+        elif dst is not src and self._offset_in_region(src) is not None:
+            # the input is a shared_array(), the result is not: reduce in place in dst
             dst[...] = src
             self.allreduce_out(dst, dst, op, scale)
+        elif dst is not src and self._offset_in_region(dst) is not None and dst.nbytes == src.nbytes:
+            # the result is a shared_array() (a flat gradient bucket), the input ordinary memory (fresh gradients):
+            # only the blocks peers read are copied into dst, and this rank's block is reduced from src straight
+            # into dst -- half a copy less than copying src into dst first, for 2 ranks
+            self._collective(src, even_counts(src.size, self.size), op, reduce=True, gather=True, kind=1, out=dst,
+                             scale=scale)
         else:
             self._collective(src, even_counts(src.size, self.size), op, reduce=True, gather=True, kind=1, out=dst,
                              scale=scale)
@@ -239,9 +245,22 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
         out = buf if out is None else out
         # a buffer in our region is used where it lies (only one that fits the region can lie there)
         in_region = self._offset_in_region(buf) if buf.nbytes <= self.capacity else None
-        if out is not buf and (in_region is not None or self._offset_in_region(out) is not None):
-            raise ValueError(f"rank {r}: an out-of-place shm allreduce takes buffers outside the shared region")
         peers = [(r + i) % n for i in range(1, n)]       # ring order from r+1 spreads the readers
+        own_input = buf                                  # where this rank's own block is read from
+        if out is not buf:
+            out_in_region = self._offset_in_region(out) if out.nbytes <= self.capacity else None
+            if in_region is not None or (out_in_region is not None and not (reduce and gather)):
+                raise ValueError(f"rank {r}: an out-of-place shm collective takes its input outside the shared "
+                                 f"region, and only an allreduce's result inside it")
+            if out_in_region is not None:
+                # an allreduce into a buffer of our region: the blocks peers read are copied there (where they
+                # reduce them and push their results back), ours is read from buf below; then it runs as an
+                # allreduce in place in the region (all copy-in done here, before the first barrier, so the
+                # chunks a private peer imposes find every block in place)
+                starts = offsets(counts)
+                for p in peers:
+                    out[starts[p]: starts[p] + counts[p]] = buf[starts[p]: starts[p] + counts[p]]
+                buf, in_region = out, out_in_region
         ufunc = ops.UFUNCS[op] if reduce else None
         signature = (kind, buf.nbytes, itemsize, sum((i + 1) * c for i, c in enumerate(counts)) % (1 << 62))
         # Private data passes the region in cache-sized chunks, packed at its start; a buffer that lies in the
@@ -281,7 +300,7 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
                 # Block r: in every region these positions are read and written by this rank only, so it can
                 # reduce them and push the result straight into every peer's region, piece by piece while the
                 # piece is still in cache -- no barrier between reducing and gathering.
-                own, result = mine(r), mine(r, out)
+                own, result = mine(r, own_input), mine(r, out)
                 sources = [region(q, r, bases[q]) for q in peers]
                 for lo, hi in mpi_util.pieces(own.size, max(1, self.cache_piece_bytes // itemsize)):
                     acc = result[lo:hi]

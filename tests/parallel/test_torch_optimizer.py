@@ -134,23 +134,25 @@ def test_cpu_gradients_live_in_the_shm_window_and_match_reference(rt, overlap):
 @pytest.mark.mpi(min_size=2)
 @SCHEDULES
 @pytest.mark.parametrize("passes", [1, 2])
-@pytest.mark.parametrize("refill", ["every bucket", "no bucket"])
+@pytest.mark.parametrize("refill", ["every bucket", "every tensor alone", "no bucket"])
 def test_refilled_buckets_train_as_views_do(rt, refill, passes, overlap):
     """A bucket refilled by a copy every step (its gradients dropped by zero_grad) and one whose gradients stay
     views of it (zeroed, added to) both equal one process; the refilled gradients are views after step() and gone
-    after zero_grad(), the others views throughout. Only after backward: with overlap every bucket keeps views."""
+    after zero_grad(), the others views throughout. Only after backward: with overlap every bucket keeps views.
+    A refilled bucket of one gradient is reduced from the fresh gradient straight into the bucket."""
     data = batches(rt.size(), passes)
     make = OPTIMIZERS["sgd_momentum"]
     model = make_model(dtype=torch.float64)
+    alone = [[p] for p in model.parameters()] if refill == "every tensor alone" else None
     opt = rt.DistributedOptimizer(make(model.parameters()), named_parameters=model.named_parameters(),
-                                  backward_passes_per_step=passes, overlap=overlap)
-    opt._ringtrain.refill_min_tensor_bytes = 0 if refill == "every bucket" else float("inf")
+                                  backward_passes_per_step=passes, overlap=overlap, groups=alone)
+    opt._ringtrain.refill_min_tensor_bytes = 0 if refill != "no bucket" else float("inf")
     lo, hi = rt.rank() * SHARD, (rt.rank() + 1) * SHARD
     for number, step in enumerate(data):
         opt.zero_grad()
         grads = [p.grad for p in model.parameters()]
         if number >= 2:       # buckets have views from the first step on, re-planned ones (overlap) from the second
-            assert all(g is None for g in grads) if refill == "every bucket" and not overlap else all(
+            assert all(g is None for g in grads) if refill != "no bucket" and not overlap else all(
                 g is not None and not g.any() for g in grads)
         for x, y in step:
             torch.nn.functional.mse_loss(model(x[lo:hi]), y[lo:hi]).backward()

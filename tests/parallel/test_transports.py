@@ -305,6 +305,46 @@ def test_shm_buffers_pass_the_region_in_cache_sized_chunks():
 
 
 @pytest.mark.mpi(min_size=2)
+def test_shm_allreduce_out_of_ordinary_memory_into_the_region():
+    """allreduce_out(src, dst) with dst in the region and src ordinary memory (a fresh gradient reduced into its
+    bucket): peers' blocks are copied into dst, this rank's is reduced from src, in one chunk, src untouched -- and,
+    where some ranks' dst is ordinary memory, in those ranks' chunks."""
+    comm = MPI.COMM_WORLD
+    wrong = Mismatches()
+    t = make_transport("shm", fusion_threshold=1 << 20, stall_timeout_s=20)
+    t.private_chunk_bytes = 8192
+    t.cache_piece_bytes = 1000
+    barriers = []
+    real_barrier = t._barrier
+    t._barrier = lambda what, **kw: barriers.append(what) or real_barrier(what, **kw)
+    try:
+        size = 10007
+        inputs = rank_inputs(size, "float64", ReduceOp.SUM, 9, comm.size)
+        want = reference(inputs, ReduceOp.SUM)
+        shift = 64 * comm.rank                        # at an offset that differs between ranks
+        dst = t.staging_buffer(shift + size * 8)[shift:].view(np.float64)
+        for scale in (1.0, 0.5):
+            src = inputs[comm.rank].copy()
+            dst[...] = -1.0                           # nothing of dst may be read as input
+            barriers.clear()
+            t.allreduce_out(src, dst, ReduceOp.SUM, scale)
+            wrong.check(dst, want * scale, f"shm allreduce_out into the region, scale {scale}")
+            wrong.check(src, inputs[comm.rank].astype(np.float64), "its input")
+            assert barriers.count("ready") == 1, barriers
+        for private_ranks in (1, 0):                  # odd ranks' dst private, then even ranks'
+            into = np.full(size, -1.0) if comm.rank % 2 == private_ranks else dst
+            into[...] = -1.0
+            src = inputs[comm.rank].copy()
+            t.allreduce_out(src, into, ReduceOp.SUM)
+            wrong.check(into, want, f"shm allreduce_out, dst private on ranks {private_ranks}::2, in the region "
+                                    "elsewhere")
+            wrong.check(src, inputs[comm.rank].astype(np.float64), "its input, mixed")
+        wrong.assert_none()
+    finally:
+        t.close()
+
+
+@pytest.mark.mpi(min_size=2)
 def test_shm_rejects_a_communicator_spanning_nodes():
     """Split_type only sees one node here, so emulate two 'nodes' by splitting the world: the shm transport
     must refuse a communicator whose ranks it cannot all map."""
