@@ -1,7 +1,7 @@
 """JAX training throughput at 1..N ranks: ringtrain.jax's DistributedOptimizer against mpi4jax's allreduce in the
 same training loop, against JAX's own multi-process CPU collectives, and against the no-communication ceiling.
 
-    python benchmarks/jax_scaling.py --max-ranks 2 --json out.json [--quick]
+    python benchmarks/jax_scaling.py --max-ranks 2 --runs 3 --json out.json [--quick]
 
 The script launches itself under `mpiexec -n N` (do not start it under mpiexec yourself). Every N trains the same
 MLP (optax SGD with momentum) on a synthetic per-rank batch, one jitted step per iteration, in these modes:
@@ -15,9 +15,13 @@ MLP (optax SGD with momentum) on a synthetic per-rank batch, one jitted step per
   mpi4jax      mpi4jax.allreduce(g, op=MPI.SUM) / N on every gradient leaf, then optax (mpi4jax's own way: one
                MPI_Allreduce per array, each an XLA FFI custom call without Python)
   jax-gloo     jax.distributed + a shard_map'd psum over one CPU device per process (gloo collectives), then optax
-The first five share one job per N, interleaved in rounds (the median round is reported); jax.distributed must
-be set up before JAX starts, so jax-gloo runs in a job of its own. steps/s is per rank (ranks step in lockstep);
-"vs mpi4jax" is steps/s over mpi4jax's in the same job; efficiency = steps/s(N) / steps/s(1 rank, no-comm).
+The first five share one job per N, interleaved in short rounds whose mode order alternates (forward in even
+rounds, backward in odd ones: ABBA, so a drift in load falls on every mode alike); jax.distributed must be set up
+before JAX starts, so jax-gloo runs in a job of its own. --runs K repeats the shared jobs K times (separate mpiexec
+jobs, one after the other). steps/s is per rank (ranks step in lockstep), the median over every round of every
+run; "vs mpi4jax" is the median over rounds of the round's ratio (the mode's steps/s over mpi4jax's in the same
+round, a few hundred milliseconds apart), "ratio IQR" its 25th-75th percentiles and "per run" each run's median
+ratio (jax-gloo, from another job: the ratio of the medians); efficiency = steps/s(N) / steps/s(1 rank, no-comm).
 Correctness: each distributed mode must end with the same parameters on every rank, and ringtrain, mpi4jax and
 jax-gloo must agree with each other (same data, same averaged gradients) to float tolerance: "#wrong" counts
 parameters that do not.
@@ -121,14 +125,36 @@ def run_shared_job(args, comm):
         _, states[mode] = time_steps(steps[mode], states[mode], x, y, args.warmup)
     ringtrain.config().jax_lowering = "auto"
     times = {mode: [] for mode in SHARED_MODES}
-    for _ in range(args.rounds):
-        for mode in SHARED_MODES:
+    for number in range(args.rounds):
+        for mode in round_order(SHARED_MODES, number):
             comm.Barrier()
             elapsed, states[mode] = time_steps(steps[mode], states[mode], x, y, args.steps)
             times[mode].append(comm.allreduce(elapsed, op=MPI.MAX))
     finals = {mode: flat(states[mode][0]) for mode in SHARED_MODES}
     hvd.shutdown()
     return times, finals
+
+
+def round_order(modes, number):
+    """The modes of round `number`: forward in even rounds, backward in odd ones (ABBA against drifting load)."""
+    return tuple(modes) if number % 2 == 0 else tuple(reversed(modes))
+
+
+def round_ratios(times, peer_times):
+    """Per round: the mode's steps/s over the peer's in the same round (= the peer's time over the mode's)."""
+    return [peer / mine for mine, peer in zip(times, peer_times)]
+
+
+def quartiles(values):
+    """(25th percentile, median, 75th percentile), linear interpolation between the sorted values."""
+    ordered = sorted(values)
+
+    def at(q):
+        position = q * (len(ordered) - 1)
+        low = int(position)
+        high = min(low + 1, len(ordered) - 1)
+        return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+    return at(0.25), at(0.5), at(0.75)
 
 
 def run_gloo_job(args, comm):
@@ -195,8 +221,8 @@ def run_worker(args):
 
 # ---------------------------------------------------------------- driver
 
-def launch(ranks, args, job, folder):
-    out = os.path.join(folder, f"{job}_{ranks}.json")
+def launch(ranks, args, job, folder, run=0):
+    out = os.path.join(folder, f"{job}_{ranks}_{run}.json")
     command = [mpiexec_path(), "-n", str(ranks), sys.executable, os.path.abspath(__file__), "--worker", "--job", job,
                "--out", out, "--steps", str(args.steps), "--rounds", str(args.rounds), "--warmup",
                str(args.warmup), "--batch-size", str(args.batch_size), "--features", str(args.features),
@@ -225,16 +251,38 @@ def count_wrong(finals, reference):
     return wrong
 
 
+def records_for(ranks, runs, steps, wrong):
+    """One record per mode: steps/s of every round of every run (in round order, runs one after the other), and
+    the per-round ratios against mpi4jax's round of the same job."""
+    records = {}
+    for run, result in enumerate(runs):
+        peer = result["times"].get("mpi4jax")
+        for mode, times in result["times"].items():
+            record = records.setdefault(mode, {"ranks": ranks, "mode": mode, "rounds": [], "ratios": [],
+                                               "run_ratios": [], "wrong": 0})
+            record["rounds"] += [steps / t for t in times]
+            if peer is not None and len(peer) == len(times):
+                ratios = round_ratios(times, peer)
+                record["ratios"] += ratios
+                record["run_ratios"].append(common.median(ratios))
+            record["wrong"] = max(record["wrong"], wrong[run].get(mode, 0))
+    for record in records.values():
+        record["steps_per_s"] = common.median(record["rounds"])
+    return list(records.values())
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-ranks", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=50, help="steps per mode per round")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=20, help="steps per mode per round")
+    parser.add_argument("--rounds", type=int, default=21)
+    parser.add_argument("--runs", type=int, default=1, help="shared jobs per rank count, one after the other")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=32, help="rows per rank per step")
     parser.add_argument("--features", type=int, default=784)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=3, help="hidden layers")
+    parser.add_argument("--no-gloo", action="store_true", help="skip the jax.distributed (gloo) job")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per mpiexec job")
     parser.add_argument("--quick", action="store_true", help="tiny model and few steps: checks the script runs")
     parser.add_argument("--json", help="write the records here (and a .txt table beside it)")
@@ -250,20 +298,23 @@ def main():
     args.load = [round(x, 2) for x in os.getloadavg()]      # 1/5/15-minute load averages at the start and end
     with tempfile.TemporaryDirectory() as folder:
         for ranks in range(1, args.max_ranks + 1):
-            results = [launch(ranks, args, "shared", folder)] + ([launch(ranks, args, "gloo", folder)]
-                                                                  if ranks > 1 else [])
-            for job, result in zip(("shared", "gloo"), results):
+            shared = [launch(ranks, args, "shared", folder, run) for run in range(args.runs)]
+            gloo = [launch(ranks, args, "gloo", folder)] if ranks > 1 and not args.no_gloo else []
+            for run, result in enumerate(shared):
                 if result["error"]:
-                    errors[f"{job} job, {ranks} ranks"] = result["error"]
-            finals = [dict(a, **b) for a, b in zip(*[r["finals"] for r in results])] if ranks > 1 and all(
-                r["finals"] for r in results) else (results[0]["finals"] or [])
-            reference = finals[0].get("mpi4jax") if finals else None
-            wrong = count_wrong(finals, reference) if ranks > 1 else {}
-            for result in results:
-                for mode, times in result["times"].items():
-                    per_round = sorted(args.steps / t for t in times)
-                    records.append({"ranks": ranks, "mode": mode, "steps_per_s": common.median(per_round),
-                                    "rounds": per_round, "wrong": wrong.get(mode, 0)})
+                    errors[f"shared job {run + 1}, {ranks} ranks"] = result["error"]
+            for result in gloo:
+                if result["error"]:
+                    errors[f"gloo job, {ranks} ranks"] = result["error"]
+            wrong = []
+            for result in shared:                 # every run checked against mpi4jax's parameters of that run
+                finals = result["finals"] or []
+                if gloo and gloo[0]["finals"] and finals:
+                    finals = [dict(a, **b) for a, b in zip(finals, gloo[0]["finals"])]
+                reference = finals[0].get("mpi4jax") if finals else None
+                wrong.append(count_wrong(finals, reference) if ranks > 1 else {})
+            gloo_wrong = [{"jax-gloo": max((w.get("jax-gloo", 0) for w in wrong), default=0)} for _ in gloo]
+            records += records_for(ranks, shared + gloo, args.steps, wrong + gloo_wrong)
     args.load += [round(x, 2) for x in os.getloadavg()]
     print_table(records, args, errors)
     if args.json:
@@ -280,16 +331,24 @@ def print_table(records, args, errors, file=None):
     peer = {r["ranks"]: r["steps_per_s"] for r in records if r["mode"] == "mpi4jax"}
     rows = []
     for r in records:
-        rows.append([r["ranks"], r["mode"], f"{r['steps_per_s']:.1f}", f"{r['steps_per_s'] * r['ranks'] * args.batch_size:.0f}",
-                     f"{r['steps_per_s'] / base[1]:.2f}" if 1 in base else "-",
-                     f"{r['steps_per_s'] / peer[r['ranks']]:.2f}" if peer.get(r["ranks"]) else "-", r["wrong"]])
+        if r["ratios"]:
+            low, ratio, high = quartiles(r["ratios"])
+            ratio, spread = f"{ratio:.2f}", f"{low:.2f}-{high:.2f}"
+            per_run = " ".join(f"{x:.2f}" for x in r["run_ratios"])
+        else:                                  # another job (jax-gloo): the ratio of the medians
+            ratio = f"{r['steps_per_s'] / peer[r['ranks']]:.2f}" if peer.get(r["ranks"]) else "-"
+            spread = per_run = "-"
+        rows.append([r["ranks"], r["mode"], f"{r['steps_per_s']:.1f}",
+                     f"{r['steps_per_s'] * r['ranks'] * args.batch_size:.0f}",
+                     f"{r['steps_per_s'] / base[1]:.2f}" if 1 in base else "-", ratio, spread, per_run, r["wrong"]])
     params = args.features * args.hidden + args.hidden * args.hidden * (args.layers - 1) + args.hidden * 10
     title = (f"JAX MLP {args.features}-{'-'.join([str(args.hidden)] * args.layers)}-10 (~{params / 1e6:.2f} M "
              f"parameters, {2 * (args.layers + 1)} arrays), batch {args.batch_size} per rank, optax SGD momentum; "
-             f"median of {args.rounds} rounds x {args.steps} steps; {common.machine_info()['date']}, commit "
-             f"{common.source_commit()[:12]}, load average {args.load[0]} at the start, {args.load[3]} at the end")
-    print(common.format_table(["ranks", "mode", "steps/s", "samples/s", "efficiency", "vs mpi4jax", "#wrong"], rows,
-                              title), file=file)
+             f"{args.runs} run(s) x {args.rounds} rounds x {args.steps} steps, modes in ABBA order; "
+             f"{common.machine_info()['date']}, commit {common.source_commit()[:12]}, load average {args.load[0]} "
+             f"at the start, {args.load[3]} at the end")
+    print(common.format_table(["ranks", "mode", "steps/s", "samples/s", "efficiency", "vs mpi4jax", "ratio IQR",
+                               "per run", "#wrong"], rows, title), file=file)
     for where, error in errors.items():
         print(f"# {where}: {error.splitlines()[-1] if error.splitlines() else error}", file=file)
 

@@ -15,6 +15,7 @@ BENCH_DIR = os.path.join(REPO_ROOT, "benchmarks")
 sys.path.insert(0, BENCH_DIR)
 
 import common          # noqa: E402  (benchmarks/ is a folder of scripts, not a package)
+import jax_scaling     # noqa: E402
 import scaling_model   # noqa: E402
 import train_scaling   # noqa: E402
 
@@ -229,6 +230,25 @@ def test_train_scaling_reports_the_median_round_and_the_targets():
     assert rows["ringtrain"] == ["mlp", "ringtrain", "90%", "95%", "5.0", "92%", "2.0", "1.80"]
     assert rows["lockstep"] == ["mlp", "lockstep", "92%", "95%", "3.0", "92%", "-", "1.84"]
     assert "no-comm" not in rows and "horovod" not in table
+
+
+def test_jax_scaling_pairs_each_round_with_the_peer_round_of_the_same_job():
+    assert jax_scaling.round_order("abc", 0) == ("a", "b", "c")
+    assert jax_scaling.round_order("abc", 1) == ("c", "b", "a")      # ABBA: drift falls on every mode alike
+    assert jax_scaling.quartiles([5, 1, 4, 2, 3]) == (2.0, 3.0, 4.0)
+    # two runs of 3 rounds, 10 steps each; load moves both arms: round 2 of run 1 is slow for everyone
+    runs = [{"times": {"ringtrain": [0.04, 0.08, 0.05], "mpi4jax": [0.05, 0.10, 0.06]}},
+            {"times": {"ringtrain": [0.05, 0.05, 0.05], "mpi4jax": [0.06, 0.065, 0.055]}},
+            {"times": {"jax-gloo": [0.5, 0.4]}}]                       # a job of its own: no pairing
+    wrong = [{"ringtrain": 0, "mpi4jax": 0}, {"ringtrain": 2, "mpi4jax": 0}, {"jax-gloo": 0}]
+    records = {r["mode"]: r for r in jax_scaling.records_for(2, runs, 10, wrong)}
+    ringtrain = records["ringtrain"]
+    assert ringtrain["ratios"] == pytest.approx([1.25, 1.25, 1.2, 1.2, 1.3, 1.1])
+    assert ringtrain["run_ratios"] == pytest.approx([1.25, 1.2])
+    assert ringtrain["steps_per_s"] == pytest.approx(200.0)            # median over all six rounds
+    assert ringtrain["wrong"] == 2                                     # the worst run counts
+    assert records["mpi4jax"]["ratios"] == pytest.approx([1.0] * 6)
+    assert records["jax-gloo"]["ratios"] == [] and records["jax-gloo"]["rounds"] == [20.0, 25.0]
 
 
 def test_common_helpers():
