@@ -44,6 +44,7 @@ from .errors import StallError
 from .negotiation import SAME_EVERYWHERE, Coordinator, fuse_allreduces
 from .ops import DTYPES
 from .response_cache import CacheView
+from .transports.segments import Segments
 
 log = logging.getLogger("ringtrain")
 
@@ -290,7 +291,10 @@ class CycleAgreement(CoordinatorAgreement):
 
     def _eager_fits(self, array):
         """Eager up to the slot size -- but an array the transport reduces where it lies (in the shm window) only
-        up to SHARED_EAGER_BYTES: past that its two barriers cost less than the copy into the slot."""
+        up to SHARED_EAGER_BYTES: past that its two barriers cost less than the copy into the slot. Never the
+        Segments of a grouped express allreduce (a grouped request is never eager either)."""
+        if isinstance(array, Segments):
+            return False
         nbytes = array.nbytes
         return 0 < nbytes <= self._eager_bytes and (nbytes <= SHARED_EAGER_BYTES or not self._shared(array))
 

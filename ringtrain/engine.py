@@ -34,6 +34,7 @@ from .executor import Executor
 from .fusion import HOST_OPS
 from .handle import Handle
 from .request import Request
+from .transports.segments import Segments
 from .watchdog import YIELD_S, Watchdog
 
 log = logging.getLogger("ringtrain")
@@ -267,9 +268,10 @@ class Engine:
 
     # ------------------------------------------------------------------------------------------------ express
     def express(self, name, meta, array, out):
-        """A synchronous allreduce of one host array, tried in one agreement cycle on the caller's thread with no
-        request, handle or queue (agreement.CycleAgreement.express), then reduced from the cycle's slots or, too
-        large for them, on the transport right here: True when `out` holds the result; a Handle
+        """A synchronous allreduce of one host array (or the Segments of a grouped one), tried in one agreement
+        cycle on the caller's thread with no request, handle or queue (agreement.CycleAgreement.express), then
+        reduced from the cycle's slots or, too large for them, on the transport right here: True when `out` holds
+        the result; a Handle
         when the cycle decided otherwise and the collective continues on the general path; None when it does not
         apply (something else in flight, a first sighting, a timeline being written) and nothing was done."""
         if self.requests or self.join_handle is not None or self.executor.timeline is not None:
@@ -305,7 +307,11 @@ class Engine:
         """The request an express allreduce becomes when its cycle did not finish it (progress lock held)."""
         with self._state_lock:
             self.submitted_names.add(name)
-        request = Request(name, meta, (array,), (out,), Handle((name,), self.drive), HOST_OPS)
+        if isinstance(array, Segments):    # a grouped allreduce: the general path packs its arrays
+            request = Request(name, meta, tuple(array.given), tuple(out.given), Handle((name,), self.drive),
+                              HOST_OPS, grouped=True)
+        else:
+            request = Request(name, meta, (array,), (out,), Handle((name,), self.drive), HOST_OPS)
         request.handle.times["queued"] = request.handle.times["submitted"]
         self.requests[name] = request
         return request

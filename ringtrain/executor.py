@@ -18,6 +18,7 @@ from .timeline import open_timeline
 from .stats import CommStats
 from .transports import choice
 from .transports.base import even_counts
+from .transports.segments import Segments
 
 log = logging.getLogger("ringtrain")
 
@@ -164,7 +165,10 @@ class Executor:
         # in place stays in place: two views of one buffer would make the transport copy it onto itself first
         out = flat if dst is src else dst.reshape(-1)
         meta = action.metas[0]
-        self.transport(meta.device).allreduce_out(flat, out, ReduceOp(meta.op), action.scale)
+        if isinstance(flat, Segments):       # a grouped express allreduce: its arrays where they lie
+            self.transport(meta.device).allreduce_segments(flat, out, ReduceOp(meta.op), action.scale)
+        else:
+            self.transport(meta.device).allreduce_out(flat, out, ReduceOp(meta.op), action.scale)
 
     def reduce_slots(self, action, out):
         """An allreduce from the agreement cycle's slots: every rank's copy reduced in rank order straight into

@@ -61,6 +61,7 @@ ELASTIC_PIECES = "tests/test_elastic_pieces.py"
 OPTIMIZER_REFERENCE = "tests/parallel/test_optimizer_reference.py"
 HIERARCHICAL = "tests/parallel/test_hierarchical.py"
 EXPRESS = "tests/parallel/test_express.py"
+GROUPED_EXPRESS = "tests/parallel/test_grouped_express.py"
 JAX_GRADIENTS = "tests/parallel_jax/test_jax_gradients.py"
 JAX_OPTIMIZER = "tests/parallel_jax/test_jax_optimizer.py"
 CHURN = "tests/parallel/test_name_churn.py"
@@ -483,7 +484,10 @@ MUTANTS = [
     Mutant("jax_bucket_average_lost", "ringtrain/jax/optimizer.py",
            "self.reducer.submit(bucket, [bucket.buffer], sync=sync)",
            "self.reducer.submit(bucket, [bucket.buffer.copy()], sync=sync)",
-           (Tests((JAX_OPTIMIZER,), ranks=2, select="equal_one_process"),),
+           # packed buckets: the host-callback lowering (under the FFI lowering the buckets are reduced in XLA's
+           # buffers, jax_ffi_bucket_reduced_into_its_inputs)
+           (Tests((JAX_OPTIMIZER,), ranks=2, select="equal_one_process",
+                  env=(("RINGTRAIN_JAX_LOWERING", "callback"),)),),
            "DistributedOptimizer allreduces a temporary copy of each bucket: the update uses this rank's gradient"),
     Mutant("jax_ordering_token_dropped", "ringtrain/jax/host_call.py",
            "        token = ctx.tokens_in.get(COLLECTIVE)\n"
@@ -515,16 +519,32 @@ MUTANTS = [
            "primitive = reduce_gradients_p",
            (Tests((JAX_OPTIMIZER,), ranks=2, select="no_jax_effect"),),
            "DistributedOptimizer(ordered=True) still reduces without the ordering token"),
-    Mutant("jax_ffi_bucket_result_not_copied_out", "ringtrain/jax/optimizer.py",
-           "                np.copyto(outputs[k], view)",
-           "                pass",
-           (Tests((JAX_OPTIMIZER,), ranks=2, select="equal_one_process"),),
-           "DistributedOptimizer under jit averages a packed bucket but never writes XLA's output buffers"),
-    Mutant("jax_ffi_single_array_bucket_reduced_in_place", "ringtrain/jax/optimizer.py",
-           "outs=[outputs[keys[0]]], sync=True)",
+    Mutant("jax_ffi_bucket_reduced_into_its_inputs", "ringtrain/jax/optimizer.py",
+           "outs=[outputs[k] for k in keys], sync=True)",
            "outs=None, sync=True)",
            (Tests((JAX_OPTIMIZER,), ranks=2, select="equal_one_process"),),
-           "a bucket of one array is reduced into XLA's input buffer, not into its output buffer"),
+           "under jit a bucket is reduced into XLA's input buffers, not into its output buffers"),
+    Mutant("grouped_express_reduces_into_its_inputs", "ringtrain/collectives.py",
+           "done = eng.express(name, meta, source, source if in_place else Segments(outs))",
+           "done = eng.express(name, meta, source, source)",
+           (Tests((GROUPED_EXPRESS,), ranks=2),),
+           "a cached synchronous grouped allreduce with outs writes its results into its inputs"),
+    Mutant("segments_copy_out_skipped", "ringtrain/transports/shm.py",
+           "                        fill(mine(p, out), region(r, p, _PRIVATE))",
+           "                        if not isinstance(out, Segments):\n"
+           "                            fill(mine(p, out), region(r, p, _PRIVATE))",
+           (Tests((GROUPED_EXPRESS,), ranks=2), Tests((JAX_OPTIMIZER,), ranks=2, select="equal_one_process")),
+           "arrays reduced where they lie never get the blocks their peers reduced"),
+    Mutant("segments_runs_cross_arrays", "ringtrain/transports/segments.py",
+           "end = min(hi, self.starts[member] + self.arrays[member].size, lo + limit)",
+           "end = min(hi, lo + limit)",
+           (Tests(("tests/test_segments.py",)), Tests((GROUPED_EXPRESS,), ranks=2)),
+           "the reduction's pieces run across an array's end"),
+    Mutant("grouped_express_fallback_not_grouped", "ringtrain/engine.py",
+           "                              HOST_OPS, grouped=True)",
+           "                              HOST_OPS)",
+           (Tests((GROUPED_EXPRESS,), ranks=2, select="flagged"),),
+           "a grouped express call that becomes a request returns one array instead of the list"),
     Mutant("peer_failure_waits_for_the_periodic_check", "ringtrain/watchdog.py",
            "            self._next_check = 0.0\n            try:\n                self.check()",
            "            try:\n                self.check()",

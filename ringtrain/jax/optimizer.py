@@ -8,12 +8,13 @@ before the inner transformation sees them.
 The buckets, their scaling (Horovod's op / gradient_predivide_factor rule), compression, submission and completion
 are ringtrain.reducer's, the object every binding shares. This module only adapts pytrees to it: the gradient
 pytree's leaves are the reducer's members (in leaf order), and one host call (host_call.py; an XLA FFI custom call
-under jit on CPU) hands all of them to the reducer, which packs each bucket into its own persistent flat buffer (in
-the shared-memory window, ringtrain.empty_shared), allreduces it in place and, under jit, copies the result into
-XLA's output buffers. In jit every gradient is final at once, so there is no overlap with backward to win: buckets
-are planned by size (Layout.BY_SIZE), and a single bucket takes the engine's one-cycle express path. Measured at 2
-ranks on the 3.7 MB MLP of benchmarks/jax_scaling.py, one packed bucket (one agreement cycle) beat reducing its
-three arrays of 1 MB and more alone, straight from XLA's input into its output buffers (four cycles).
+under jit on CPU) hands all of them to the reducer. Under jit each bucket is one grouped allreduce from XLA's input
+buffers into its output buffers (the same buffers: the call's outputs alias its inputs), which the shm transport
+reduces where they lie; eagerly, each bucket is packed into its own persistent flat buffer in the shared-memory
+window (ringtrain.empty_shared) and allreduced there. In jit every gradient is final at once, so there is no overlap
+with backward to win: buckets are planned by size (Layout.BY_SIZE), and a single bucket takes the engine's
+one-cycle express path. Measured at 2 ranks on the 3.7 MB MLP of benchmarks/jax_scaling.py, one bucket (one
+agreement cycle) beat reducing its three arrays of 1 MB and more alone (four cycles).
 """
 import jax
 import numpy as np
@@ -48,9 +49,10 @@ class PytreeReducer:
     def reduce_into(self, gradients, outputs):
         """Host side with the results written into `outputs` (XLA's output buffers, under jit with the FFI
         lowering). Every bucket runs on this thread in bucket order (the engine's express path, one agreement
-        cycle each), and a bucket of one array is reduced straight from XLA's input buffer into its output buffer:
-        the transport copies in only the part its peers read (for 2 ranks: one pass over the data in all, where
-        packing into a bucket and copying the result out costs two)."""
+        cycle each) as one grouped allreduce from XLA's input buffers into its output buffers, which the transport
+        reads and writes where they lie: it copies in only the part its peers read and copies out only the part
+        they reduced (for 2 ranks: half the data each way, where packing into a bucket and copying the result out
+        copies all of it twice)."""
         self._run(gradients, outputs, sync=True)
 
     def _run(self, gradients, outputs, sync):
@@ -67,8 +69,8 @@ class PytreeReducer:
 
     def _submit(self, bucket, gradients, outputs, results, sync):
         keys = bucket.keys
-        if outputs is not None and len(keys) == 1:
-            self.reducer.submit(bucket, [gradients[keys[0]]], outs=[outputs[keys[0]]], sync=True)
+        if outputs is not None:      # XLA's buffers as they are (one array: an allreduce from input into output)
+            self.reducer.submit(bucket, [gradients[k] for k in keys], outs=[outputs[k] for k in keys], sync=True)
             return
         if bucket.buffer is None:
             # in the shm window: an in-place allreduce of it is read by peers where it lies (no copy in or out)
@@ -79,9 +81,6 @@ class PytreeReducer:
             view[...] = gradients[k]          # packing is the copy-in: the inputs are XLA's read-only buffers
             results[k] = view
         self.reducer.submit(bucket, [bucket.buffer], sync=sync)
-        if outputs is not None:               # sync: the bucket holds the result now
-            for k, view in zip(keys, bucket.views):
-                np.copyto(outputs[k], view)
 
 
 def _reduce(*gradients, spec):

@@ -78,6 +78,15 @@ class Transport(abc.ABC):
         if scale != 1.0:
             scale_into(dst, dst, scale)
 
+    def allreduce_segments(self, src, dst, op, scale=1.0):
+        """dst <- scale * (src reduced over all ranks) for Segments (several flat arrays read as one, segments.py;
+        dst may be src). The default packs them into the staging buffer, reduces that in place and unpacks; a
+        transport that maps its peers' memory overrides it to read and write the arrays where they lie."""
+        staging = self.staging_buffer(src.nbytes)[:src.nbytes].view(src.dtype)
+        src.copy_to(staging)
+        self.allreduce_out(staging, staging, op, scale)
+        dst.copy_from(staging)
+
     def reducescatter_out(self, src, dst, counts, op):
         """Block `rank` of dst <- that block of src reduced over all ranks; src is left as it was, dst's other
         blocks are unspecified. Transports that map their peers' memory override this to read src directly; the

@@ -38,6 +38,7 @@ from mpi4py import MPI
 from .. import ops
 from ..errors import TransportError
 from .base import Transport, even_counts, offsets
+from .segments import Segments, fill, runs
 from . import mpi_util
 from .flag_barrier import LINE, LINE_INT64, FlagBarrier
 
@@ -134,8 +135,8 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
         return buf.__array_interface__["data"][0] - self._region_address
 
     def _offset_in_region(self, buf):
-        """Byte offset of buf inside our region, or None when buf is ordinary memory."""
-        if buf.size == 0:
+        """Byte offset of buf inside our region, or None when buf is ordinary memory (Segments always are)."""
+        if buf.size == 0 or isinstance(buf, Segments):
             return None
         if self.holds(buf):
             if not buf.flags.c_contiguous:
@@ -223,6 +224,19 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
             self._collective(src, even_counts(src.size, self.size), op, reduce=True, gather=True, kind=1, out=dst,
                              scale=scale)
 
+    def allreduce_segments(self, src, dst, op, scale=1.0):
+        """allreduce_out for Segments (dst is src, or laid out alike): the arrays are read and written where they
+        lie, so only the blocks peers read are copied in and only the blocks they reduced are copied out -- for 2
+        ranks half the data each way, where packing into the region and unpacking copies all of it twice. Measured
+        at 2 ranks on 3.7 MB in 8 arrays: 0.31 ms instead of 0.53 packed. Small ones (the one-barrier path), a
+        set of one rank and arrays that lie in the region are packed (the default)."""
+        if (self.size == 1 or src.nbytes <= SMALL_BYTES or not src.same_layout(dst)
+                or any(self.holds(a) for a in src.arrays + dst.arrays if a.size)):
+            super().allreduce_segments(src, dst, op, scale)
+            return
+        self._collective(src, even_counts(src.size, self.size), ops.as_op(op), reduce=True, gather=True, kind=1,
+                         out=dst, scale=scale)
+
     def reducescatter_out(self, src, dst, counts, op):
         """Block `rank` of dst <- that block of src reduced over all ranks; src untouched, dst's other blocks
         unspecified. src is read directly: the copy-in is only the blocks peers read, and the owner reduces from
@@ -285,7 +299,7 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
             if in_region is None:           # copy-in of what peers will read from us
                 for p in range(n):
                     if (p != r and reduce) or (p == r and not reduce):
-                        region(r, p, _PRIVATE)[...] = mine(p)
+                        fill(region(r, p, _PRIVATE), mine(p))
             self._barrier("ready", offset=_PRIVATE if in_region is None else in_region, signature=signature)
             bases = self._offsets.tolist()
             if number == 0:
@@ -302,7 +316,7 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
                 # piece is still in cache -- no barrier between reducing and gathering.
                 own, result = mine(r, own_input), mine(r, out)
                 sources = [region(q, r, bases[q]) for q in peers]
-                for lo, hi in mpi_util.pieces(own.size, max(1, self.cache_piece_bytes // itemsize)):
+                for lo, hi in runs(own, self.cache_piece_bytes // itemsize):   # Segments: never across arrays
                     acc = result[lo:hi]
                     ufunc(own[lo:hi], sources[0][lo:hi], out=acc)
                     for src in sources[1:]:
@@ -318,7 +332,7 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
                 self._barrier("allreduce done")              # every owner has pushed its block to us
                 if in_region is None:
                     for p in peers:
-                        mine(p, out)[...] = region(r, p, _PRIVATE)
+                        fill(mine(p, out), region(r, p, _PRIVATE))
                 continue
             for p in peers:
                 mine(p)[...] = region(p, p, bases[p])
