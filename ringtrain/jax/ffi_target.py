@@ -30,15 +30,15 @@ HOST_FUNCTION = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64, ctypes.c_int64, c
 _calls = []                 # the custom call's "call" attribute indexes this: (run_into, spec, inputs, outputs)
 _lock = threading.Lock()
 _state = {}                 # "library": the loaded handler (or None), "reason": why not
-_last_views = {}            # call -> (buffer addresses, (input views, output views)) of its last run
 
 
 class _Memory:
-    """A numpy array interface over `nbytes` at `address` (no copy)."""
+    """A numpy array interface over an XLA buffer at `address` (no copy): shape and dtype given directly, one
+    numpy call per view (XLA hands every call fresh buffers, so views are made every call)."""
     __slots__ = ("__array_interface__",)
 
-    def __init__(self, address, nbytes, readonly):
-        self.__array_interface__ = {"data": (address, readonly), "shape": (nbytes,), "typestr": "|u1",
+    def __init__(self, address, shape, typestr, readonly):
+        self.__array_interface__ = {"data": (address, readonly), "shape": shape, "typestr": typestr,
                                     "version": 3}
 
 
@@ -53,22 +53,7 @@ def _view(address, layout, readonly):
         empty = np.empty(shape, dtype)
         empty.flags.writeable = not readonly
         return empty
-    return np.asarray(_Memory(address, nbytes, readonly)).view(dtype).reshape(shape)
-
-
-def _views(call, inputs, outputs, in_layouts, out_layouts):
-    """numpy views of XLA's buffers for this call. XLA tends to hand a call the same buffers step after step, so
-    the views of the last call are kept (per lowered call, keyed by the buffers' addresses) and reused when the
-    addresses are the same: making 16 views costs ~50 us, comparing 16 addresses ~2 us."""
-    addresses = (tuple(inputs[i] for i in range(len(in_layouts))),
-                 tuple(outputs[i] for i in range(len(out_layouts))))
-    last = _last_views.get(call)
-    if last is not None and last[0] == addresses:
-        return last[1]
-    views = ([_view(a, layout, True) for a, layout in zip(addresses[0], in_layouts)],
-             [_view(a, layout, False) for a, layout in zip(addresses[1], out_layouts)])
-    _last_views[call] = (addresses, views)
-    return views
+    return np.asarray(_Memory(address, shape, dtype.str, readonly)).view(dtype)
 
 
 def _host(call, num_inputs, inputs, num_outputs, outputs, error, error_size):
@@ -79,7 +64,8 @@ def _host(call, num_inputs, inputs, num_outputs, outputs, error, error_size):
         if num_inputs != len(in_layouts) or num_outputs != len(out_layouts):
             raise RuntimeError(f"ringtrain host call {call}: XLA passed {num_inputs} inputs and {num_outputs} "
                                f"outputs, the lowering declared {len(in_layouts)} and {len(out_layouts)}")
-        run_into(*_views(call, inputs, outputs, in_layouts, out_layouts), spec)
+        run_into([_view(inputs[i], layout, True) for i, layout in enumerate(in_layouts)],
+                 [_view(outputs[i], layout, False) for i, layout in enumerate(out_layouts)], spec)
         return 0
     except BaseException as e:      # nothing may propagate into XLA's thread: the error goes back through XLA
         message = f"{type(e).__name__}: {e}".encode("utf-8", "replace")[:max(error_size - 1, 0)] + b"\0"
