@@ -18,6 +18,7 @@ A ringtrain mode may name variants, for same-run A/Bs of one setting (after-back
   :refill         after backward, every host bucket is refilled by a copy (its gradients dropped by zero_grad)
   :copied         a refilled bucket's fresh gradient is copied into the bucket and reduced there, instead of
                   reduced from where it lies into the bucket
+  :allhooks       after backward, every parameter keeps its hook (not one per bucket after the first step)
 No barrier between steps: each step has exactly one synchronisation point, as in training. Per step and rank:
   fwd+bwd         zero_grad + forward + backward (wall; cpu = this thread's CPU time, which excludes time the OS
                   gave to other processes, so cpu < wall means the rank was descheduled)
@@ -182,6 +183,7 @@ VARIANTS = {
     "views": ("refill_min_tensor_bytes", float("inf")),     # every bucket keeps its gradients as views
     "refill": ("refill_min_tensor_bytes", 0),               # after backward every host bucket is refilled
     "copied": ("reduce_into_buffer", False),                # refilled buckets: copy in, then reduce in place
+    "allhooks": ("one_hook_per_bucket", False),             # after backward every parameter keeps its hook
 }
 
 
@@ -226,6 +228,8 @@ def build(mode, args):
             optimizer._ringtrain.refill_min_tensor_bytes = refill
         if settings(mode).get("reduce_into_buffer") is False:
             optimizer._ringtrain._reduce_into_buffer = lambda bucket, grad, sync: False
+        if settings(mode).get("one_hook_per_bucket") is False:
+            optimizer._ringtrain.hook_one_parameter_per_bucket = lambda: None
     return model, optimizer
 
 

@@ -191,6 +191,37 @@ def test_gradients_become_views_of_one_bucket_buffer(rt, overlap):
         torch.testing.assert_close(p.grad, w, rtol=0, atol=0)
 
 
+def test_after_backward_one_parameter_per_bucket_counts_the_passes_from_the_second_step(rt):
+    """After backward the hooks only count passes: from step 2 on one parameter per bucket of several does (the
+    last whose gradient came in step 1, the input layer's), and what step() checks still holds -- a backward after
+    synchronize() is reduced again, more passes than backward_passes_per_step is an error naming it."""
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 2)).double()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), overlap=False,
+                                   named_parameters=model.named_parameters())
+    hooks = opt._ringtrain
+    buckets = hooks.reducer.buckets
+    assert [len(b.members) for b in buckets] == [4]
+    x = torch.ones(2, 5, dtype=torch.float64)
+    assert len(hooks.hooks) == 4                       # step 1: every parameter
+    opt.zero_grad()
+    model(x).sum().backward()
+    opt.step()
+    assert len(hooks.hooks) == 1 and hooks.counted == {buckets[0].name: model[0].weight}
+    opt.zero_grad()
+    model(x).sum().backward()
+    assert len(buckets[0].arrivals) == 1
+    opt.synchronize()
+    assert hooks.reducer.is_synchronized()
+    model(x).sum().backward()                          # a backward after synchronize(): step() must reduce it
+    assert not hooks.reducer.is_synchronized()
+    opt.step()
+    opt.zero_grad()
+    for _ in range(2):
+        model(x).sum().backward()
+    with pytest.raises(RingtrainError, match="'0.weight' was computed 2 times, more than backward_passes_per_step=1"):
+        opt.step()
+
+
 def test_zero_grad_clears_parameters_outside_the_buckets(rt):
     # frozen when the optimizer was built (never communicated), trained later: torch's zero_grad still clears it
     model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 2)).double()
