@@ -12,9 +12,9 @@ straight into XLA's output buffers (the default run_into copies `run`'s results 
 be built (no C++ compiler; RINGTRAIN_JAX_LOWERING=callback), and on other platforms, the primitive lowers to JAX's
 Python host callback instead, which calls `run` and copies its results into XLA's buffers.
 
-Measured on a 2-core machine (benchmarks/jax_scaling.py, DistributedOptimizer on a 3.7 MB MLP): 1 rank 413 steps/s
-through the FFI custom call (outputs aliased to the inputs) against 314 through JAX's host callback; 2 ranks 223
-against 188. Why not `jax.experimental.io_callback`: it
+Measured on a 2-core machine (benchmarks/results/jax_scaling_cpu_2ranks_abba_1.txt, DistributedOptimizer on a 3.7 MB
+MLP): 1 rank 530 steps/s through the FFI custom call (outputs aliased to the inputs) against 376 through JAX's host
+callback; 2 ranks 269 against 248. Why not `jax.experimental.io_callback`: it
 first `device_put`s every input back into a jax.Array before calling Python; a chain of ten collectives in one jit
 cost 3-4x more through io_callback than through JAX's host callback.
 

@@ -95,12 +95,12 @@ def _reduce_into(gradients, outputs, spec):
 # update, so its data orders it: one step's reduction can only run after the previous step's update. By default it
 # carries no ordering token (no JAX effect): JAX dispatches a jitted step that holds an ordered effect through its
 # slower Python path, handing a runtime token from each call to the next -- measured at 2 ranks on 2 cores, the MLP
-# of benchmarks/jax_scaling.py trained at 176 steps/s with the token and 223 without it. Among other ringtrain
-# collectives of the same jitted function it runs where XLA's schedule puts it, which is the same on every rank,
-# since every rank compiles the same program. ordered=True threads the token through it as well.
-# in_place: the reduced gradients go back into XLA's gradient buffers (each bucket is packed, or read by the
-# transport, before its results are written), so XLA allocates no fresh 3.7 MB of outputs -- and our copy-out
-# touches no fresh pages -- every step.
+# of benchmarks/jax_scaling.py trained at 226 steps/s with the token and 269 without it
+# (benchmarks/results/jax_scaling_cpu_2ranks_abba_1.txt). Among other ringtrain collectives of the same jitted
+# function it runs where XLA's schedule puts it, which is the same on every rank, since every rank compiles the same
+# program. ordered=True threads the token through it as well.
+# in_place: the reduced gradients go back into XLA's gradient buffers (the transport reads each block before it
+# writes that block's result), so XLA allocates no fresh 3.7 MB of outputs every step.
 reduce_gradients_p = collective_primitive("ringtrain_reduce_gradients", _reduce, same_avals, _reduce_into,
                                           ordered=False, in_place=True)
 ordered_reduce_gradients_p = collective_primitive("ringtrain_reduce_gradients_ordered", _reduce, same_avals,
@@ -120,7 +120,7 @@ def DistributedOptimizer(optimizer, op=Average, gradient_predivide_factor=1.0, c
     The reduction is ordered by its data (this step's gradients in, the update out). `ordered=True` also keeps it
     in program order among other ringtrain collectives of the same jitted function, with JAX's ordering token,
     which makes JAX dispatch every such jitted step through its slower path (measured on a 2-core machine at 2
-    ranks: 176 instead of 223 steps/s for a 3.7 MB MLP)."""
+    ranks: 226 instead of 269 steps/s for a 3.7 MB MLP)."""
     scaling = Scaling.for_gradients(op, gradient_predivide_factor)
     primitive = ordered_reduce_gradients_p if ordered else reduce_gradients_p
     reducers = {}

@@ -83,6 +83,16 @@ def test_small_and_mixed_dtype_groups(dtypes):
             np.testing.assert_array_equal(o, w, err_msg=f"call {call}")
 
 
+def test_integer_average_with_empty_arrays_in_the_group(direct):
+    sizes = (0, 30000, 0, 50001, 0)
+    x, want = group(sizes, 6, np.int32)
+    for call in range(4):
+        out = rt.grouped_allreduce(x, name="grouped.express.int_average")
+        for o, w in zip(out, want):
+            np.testing.assert_array_equal(o, np.trunc(w / rt.size()).astype(np.int32), err_msg=f"call {call}")
+    assert True in direct, direct
+
+
 def test_a_rank_with_an_array_in_the_window_packs_while_the_others_do_not(direct):
     sizes = (30000, 50001)
     x, want = group(sizes, 4)
