@@ -19,6 +19,7 @@ A ringtrain mode may name variants, for same-run A/Bs of one setting (after-back
   :copied         a refilled bucket's fresh gradient is copied into the bucket and reduced there, instead of
                   reduced from where it lies into the bucket
   :allhooks       after backward, every parameter keeps its hook (not one per bucket after the first step)
+  :alone          after backward, every gradient of 1 MB or more travels alone (not in buckets of such gradients)
 No barrier between steps: each step has exactly one synchronisation point, as in training. Per step and rank:
   fwd+bwd         zero_grad + forward + backward (wall; cpu = this thread's CPU time, which excludes time the OS
                   gave to other processes, so cpu < wall means the rank was descheduled)
@@ -184,6 +185,7 @@ VARIANTS = {
     "refill": ("refill_min_tensor_bytes", 0),               # after backward every host bucket is refilled
     "copied": ("reduce_into_buffer", False),                # refilled buckets: copy in, then reduce in place
     "allhooks": ("one_hook_per_bucket", False),             # after backward every parameter keeps its hook
+    "alone": ("large_alone", True),                         # after backward every large gradient alone
 }
 
 
@@ -222,7 +224,13 @@ def build(mode, args):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     if base in RINGTRAIN_MODES:
         named = [(f"{mode}.{name}", p) for name, p in model.named_parameters()]
-        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named, overlap=(base == "overlap"))
+        plan = reducer.plan_buckets
+        if settings(mode).get("large_alone"):
+            reducer.plan_buckets = functools.partial(plan, large_alone=True)
+        try:
+            optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named, overlap=(base == "overlap"))
+        finally:
+            reducer.plan_buckets = plan
         refill = settings(mode).get("refill_min_tensor_bytes")
         if refill is not None:
             optimizer._ringtrain.refill_min_tensor_bytes = refill

@@ -16,7 +16,8 @@ The interface, in the order a training step uses it:
 - Registration: members are given in definition order; `reducer.buckets` is the plan (first guess: reverse
   definition order, as gradients become final in backward), `reducer.bucket_of(key)` the bucket of one member.
   `plan_buckets()` is the rule (small first bucket, then `bucket_bytes`, one kind -- dtype and device -- per bucket,
-  a host member of `alone_bytes` or more alone); `groups=` (Horovod's) fixes the buckets instead.
+  a host member of `alone_bytes` or more alone with overlap, with other such members only after backward); `groups=`
+  (Horovod's) fixes the buckets instead.
 - Pass counting: the binding calls `reducer.arrived(key)` once per member per backward pass (a post-accumulate-grad
   hook); it returns the bucket when that bucket is complete -- every member arrived `passes_per_step` times -- and not
   yet submitted. `check_passes()` raises when a member arrived more often. While the phase is
@@ -155,12 +156,15 @@ class Pending:
     done: object                       # done(result) -> None, or None
 
 
-def plan_buckets(members, first_bucket_bytes, bucket_bytes, alone_bytes=None, keep_order=True):
+def plan_buckets(members, first_bucket_bytes, bucket_bytes, alone_bytes=None, keep_order=True, large_alone=None):
     """Split members (in expected ready order) into lists: the first small so the first collective starts early in
-    backward, the rest up to bucket_bytes. One kind per bucket. A host member of alone_bytes or more is alone.
-    keep_order=True: buckets are consecutive runs (for overlap); False: small members of one kind fill the same
-    bucket wherever they sit (reduced after backward, order does not matter, fewer requests)."""
-    buckets, filling = [], {}       # kind -> [members, bytes] of the bucket still filling
+    backward, the rest up to bucket_bytes. One kind per bucket. A host member of alone_bytes or more is large.
+    keep_order=True: buckets are consecutive runs (for overlap), and a large member is alone, so it goes out as soon
+    as it is final; False: members of one kind fill the same bucket wherever they sit (reduced after backward, order
+    does not matter, fewer requests), large ones only with large ones (a bucket of them is refilled by one copy,
+    see the torch binding). large_alone overrides whether a large member is alone."""
+    large_alone = keep_order if large_alone is None else large_alone
+    buckets, filling = [], {}       # kind (or (kind, "large")) -> [members, bytes] of the bucket still filling
 
     def close(kind):
         buckets.append(filling.pop(kind)[0])
@@ -171,10 +175,12 @@ def plan_buckets(members, first_bucket_bytes, bucket_bytes, alone_bytes=None, ke
             for other in [k for k in filling if k != kind]:
                 close(other)
         if alone_bytes is not None and nbytes >= alone_bytes and member.host:
-            if keep_order and kind in filling:
-                close(kind)
-            buckets.append([member])
-            continue
+            if large_alone:
+                if keep_order and kind in filling:
+                    close(kind)
+                buckets.append([member])
+                continue
+            kind = (kind, "large")
         cap = first_bucket_bytes if not buckets else bucket_bytes
         current = filling.get(kind)
         if current is not None and current[1] + nbytes > cap:

@@ -239,15 +239,20 @@ def test_zero_grad_clears_parameters_outside_the_buckets(rt):
     assert model[0].weight.grad is None and model[1].weight.grad is not None
 
 
-def test_bucket_layout_after_backward_packs_small_tensors_and_sends_large_ones_alone():
+def test_bucket_layout_after_backward_packs_small_tensors_together_and_large_ones_together():
     kb = lambda n, dtype=torch.float32: torch.zeros(n * 256, dtype=dtype)
     small, big, small64 = kb(4), kb(1024), kb(4, torch.float64)
     params = [small, big, small64, kb(4), kb(2048), kb(4)]
     kept = _layout_buckets(params, first_bucket_bytes=1 << 20, bucket_bytes=2 << 20, alone_bytes=1 << 20)
     assert [len(b) for b in kept] == [1, 1, 1, 1, 1, 1]     # consecutive runs: every big or dtype change cuts
+    ids = lambda buckets: [[id(p) for p in b] for b in buckets]
     packed = _layout_buckets(params, 2 << 20, 2 << 20, 1 << 20, keep_order=False)
-    assert [[id(p) for p in b] for b in packed] == [[id(big)], [id(params[4])], [id(small), id(params[3]),
-                                                   id(params[5])], [id(small64)]]
+    # 1 MB + 2 MB exceed the 2 MB cap: the large ones go in two buckets, never with small ones
+    assert ids(packed) == [[id(big)], [id(small), id(params[3]), id(params[5])], [id(small64)], [id(params[4])]]
+    packed = _layout_buckets(params, 4 << 20, 4 << 20, 1 << 20, keep_order=False)
+    assert ids(packed) == [[id(small), id(params[3]), id(params[5])], [id(big), id(params[4])], [id(small64)]]
+    alone = _layout_buckets(params, 4 << 20, 4 << 20, 1 << 20, keep_order=False, large_alone=True)
+    assert ids(alone) == [[id(big)], [id(params[4])], [id(small), id(params[3]), id(params[5])], [id(small64)]]
 
 
 def test_device_is_cpu_without_gpu(rt):

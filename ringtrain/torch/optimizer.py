@@ -9,9 +9,11 @@ as torch DDP's with gradient_as_bucket_view: after the first step each .grad is 
 buffer, so backward accumulates into the buffer and nothing is packed or unpacked -- except, after backward, a host
 bucket of large gradients (1 MB or more on average), which zero_grad() drops and step() copies in again: one copy
 costs less than zeroing the bucket and adding into it (see _REFILL_MIN_TENSOR_BYTES). On CPU a gradient of 1 MB or more
-travels alone, and every CPU buffer comes from ringtrain.torch.empty_shared: with the shm transport it lives in the
-shared window, which is reduced in place with no copy-in or copy-out; a refilled bucket of one gradient is reduced
-from the fresh gradient straight into it (only the part peers read is copied in). Two schedules (`overlap=`):
+travels alone with overlap, and after backward in a bucket of such gradients only (fewer buckets: each costs an
+agreement cycle and two barriers). Every CPU buffer comes from ringtrain.torch.empty_shared: with the shm transport
+it lives in the shared window, which is reduced in place with no copy-in or copy-out; a refilled bucket of one
+gradient is reduced from the fresh gradient straight into it (only the part peers read is copied in). Two schedules
+(`overlap=`):
 - overlap: each bucket is submitted asynchronously from a hook as soon as its last gradient is final, so the
   communication of late layers overlaps the backward pass of early ones (the engine's thread runs it). After the
   first step only each bucket's last-ready parameter runs Python; the others' hooks are `list.append`.
@@ -63,8 +65,9 @@ from .compression import Compression
 from .functions import Average, contiguous, copy_back, to_array
 
 _MB = 1 << 20
-# on CPU a gradient this large travels alone: its own bucket, so it is reduced as soon as it is final and never waits
-# for smaller neighbours (the extra request costs ~50 us)
+# on CPU a gradient this large is large (see plan_buckets): with overlap it travels alone, its own bucket, so it is
+# reduced as soon as it is final and never waits for smaller neighbours (the extra request costs ~50 us); after
+# backward it shares buckets with large ones only (ResNet-18: two buckets instead of nine, 2-3 points of a step)
 _ALONE_BYTES = 1 << 20
 # After backward, a host bucket whose gradients average this many bytes or more is refilled every step instead of
 # keeping its gradients as views: zero_grad(set_to_none=True) drops them, backward hands its fresh gradients over

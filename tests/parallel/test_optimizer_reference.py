@@ -53,6 +53,8 @@ def build(kind):
         model, width = Tower(width=48, depth=5), 48        # 5 x 18.8 KB of float64 parameters
     elif kind == "over_default_caps":
         model, width = Tower(width=1450, depth=2), 1450    # 33.7 MB: > first bucket (1 MB) + one 25 MB bucket
+    elif kind == "large_together":
+        model, width = Tower(width=400, depth=3), 400      # 3 x 1.3 MB weights: large gradients, one bucket
     else:
         model, width = ManySmall(300), 4                   # 600 tensors
     return model.double(), width
@@ -139,6 +141,14 @@ def test_several_small_buckets_match_one_process(rt, optimizer, rtol, overlap):
 def test_model_over_the_default_caps_matches_one_process(rt, overlap):
     # 2 x 16.8 MB weights travel alone (in place), the biases in a flat bucket
     check_against_reference(rt, "over_default_caps", "sgd", steps=2, rtol=1e-10, overlap=overlap)
+
+
+@SCHEDULES
+@pytest.mark.parametrize("zeroing", ["optimizer", "model"])
+def test_large_gradients_sharing_a_bucket_match_one_process(rt, zeroing, overlap):
+    # after backward the three 1.3 MB weights share one bucket, refilled by one copy each step (with overlap each
+    # travels alone), the biases another
+    check_against_reference(rt, "large_together", "sgd", steps=3, rtol=1e-10, zeroing=zeroing, overlap=overlap)
 
 
 @SCHEDULES
