@@ -10,6 +10,7 @@ No MPI and no numpy here: requests, the Coordinator and tests build these on any
 """
 import dataclasses
 import enum
+import zlib
 
 from .ops import DTYPES, ReduceOp, result_scale
 
@@ -47,8 +48,18 @@ class Meta:
         if self.scales != (1.0, 1.0):
             parts.append(f"scales {self.scales}")
         if self.parts:
-            parts.append(f"in {len(self.parts)} tensors")
+            parts.append(f"in {len(self.parts)} tensors of {_sizes(self.parts)}")
         return f"{self.kind} " + " ".join(parts)
+
+
+def _sizes(parts, shown=6):
+    """A grouped allreduce's element counts as ranks compare them: all of them when few, else the first and last
+    few and a checksum of the whole list, so two ranks that split the same total differently never read alike."""
+    if len(parts) <= shown:
+        return ", ".join(map(str, parts)) + " elements"
+    head, tail = parts[:shown // 2], parts[-(shown // 2):]
+    checksum = zlib.crc32(",".join(map(str, parts)).encode())
+    return f"{', '.join(map(str, head))}, ..., {', '.join(map(str, tail))} elements (checksum {checksum:08x})"
 
 
 class Source(enum.Enum):

@@ -125,7 +125,23 @@ def test_grouped_parts_are_part_of_the_agreement():
     c.submit(0, [("g", meta((6,), parts=(2, 4)))])
     c.submit(1, [("g", meta((6,), parts=(3, 3)))])
     [action] = c.plan()
-    assert action.error == "TensorMismatchError" and "in 2 tensors" in action.message
+    assert action.error == "TensorMismatchError", action
+    assert "rank 0 has allreduce shape (6,) float32 op Sum in 2 tensors of 2, 4 elements" in action.message
+    assert "rank 1 has allreduce shape (6,) float32 op Sum in 2 tensors of 3, 3 elements" in action.message
+
+
+def test_long_groups_that_differ_only_inside_read_differently():
+    same_ends = [(1, 2, 3) + middle + (7, 8, 9) for middle in ((4, 5), (5, 4))]
+    c = make(size=2)
+    for rank, parts in enumerate(same_ends):
+        c.submit(rank, [("g", meta((39,), parts=parts))])
+    [action] = c.plan()
+    assert action.error == "TensorMismatchError", action
+    rank0, rank1 = action.message.split("; ")
+    assert "rank 0 has" in rank0 and "rank 1 has" in rank1, action.message
+    for described in (rank0, rank1):
+        assert "in 8 tensors of 1, 2, 3, ..., 7, 8, 9 elements (checksum " in described, action.message
+    assert rank0.split("checksum")[1] != rank1.split("checksum")[1], action.message
 
 
 def test_a_fatal_stall_names_every_name_waiting_past_the_warning():

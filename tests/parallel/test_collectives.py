@@ -237,6 +237,23 @@ def test_mismatch_reaches_every_rank_and_job_stays_usable(transport):
                                   np.full(2, n * (n + 1) / 2))
 
 
+def test_grouped_mismatch_reaches_every_rank_and_job_stays_usable(transport):
+    """A synchronous grouped allreduce takes the one-cycle express path (the arrays reduced where they lie): ranks
+    that split the same number of elements differently, or hold a different total, still get the clear error."""
+    r, n = rt.rank(), rt.size()
+    split = [np.zeros(2 + (r == 1), np.float32), np.zeros(3 - (r == 1), np.float32)]
+    with pytest.raises(rt.TensorMismatchError, match="grouped.split") as err:
+        rt.grouped_allreduce(split, name="grouped.split")
+    assert "rank 1 has allreduce shape (5,) float32 op Average in 2 tensors of 3, 2 elements" in str(err.value), str(err.value)
+    with pytest.raises(rt.TensorMismatchError, match="grouped.total"):
+        rt.grouped_allreduce([np.zeros(2, np.float32), np.zeros(2 + (r == n - 1), np.float32)], name="grouped.total")
+    arrays = [np.full(k + 1, r + 1.0) for k in range(3)]
+    results = rt.grouped_allreduce(arrays, op=rt.Sum, outs=arrays, name="grouped.after.mismatch")
+    for k, result in enumerate(results):
+        assert result is arrays[k]
+        np.testing.assert_array_equal(result, np.full(k + 1, n * (n + 1) / 2))
+
+
 def test_bad_input_is_local_and_clear(transport):
     with pytest.raises(ValueError, match="not C-contiguous"):
         rt.allreduce(np.zeros((4, 4), np.float32)[:, ::2])
