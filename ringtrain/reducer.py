@@ -127,7 +127,7 @@ class Scaling:
 class Member:
     """What the reducer knows of one gradient: the binding's key for it (a parameter, an index), a name for
     messages, its size in bytes, its kind (dtype, device: a bucket holds one kind) and whether it is on the host
-    (a large host member travels alone)."""
+    (a large host member travels alone, or with large ones only: see plan_buckets)."""
     key: object
     name: str
     nbytes: int
