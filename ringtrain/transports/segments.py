@@ -15,6 +15,8 @@ import bisect
 
 import numpy as np
 
+from .mpi_util import pieces
+
 
 class Segments:
     __slots__ = ("given", "arrays", "starts", "size", "dtype", "itemsize", "nbytes")
@@ -87,8 +89,7 @@ def runs(buf, limit):
     """[(start, stop)] pieces of at most `limit` elements covering a flat ndarray or Segments, each one ndarray."""
     if isinstance(buf, Segments):
         return buf.runs(0, buf.size, limit)
-    limit = max(1, int(limit))
-    return [(lo, min(lo + limit, buf.size)) for lo in range(0, buf.size, limit)]
+    return pieces(buf.size, limit)
 
 
 def fill(dst, src):

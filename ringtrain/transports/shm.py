@@ -214,13 +214,10 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
             # the input is a shared_array(), the result is not: reduce in place in dst
             dst[...] = src
             self.allreduce_out(dst, dst, op, scale)
-        elif dst is not src and self._offset_in_region(dst) is not None and dst.nbytes == src.nbytes:
-            # the result is a shared_array() (a flat gradient bucket), the input ordinary memory (fresh gradients):
-            # only the blocks peers read are copied into dst, and this rank's block is reduced from src straight
-            # into dst -- half a copy less than copying src into dst first, for 2 ranks
-            self._collective(src, even_counts(src.size, self.size), op, reduce=True, gather=True, kind=1, out=dst,
-                             scale=scale)
         else:
+            # in place, both private, or the result a shared_array() (a flat gradient bucket) and the input ordinary
+            # memory (fresh gradients): then _collective copies into dst only the blocks peers read and reduces
+            # this rank's block from src straight into dst -- half a copy less than copying src in first, 2 ranks
             self._collective(src, even_counts(src.size, self.size), op, reduce=True, gather=True, kind=1, out=dst,
                              scale=scale)
 
