@@ -16,8 +16,9 @@ A ringtrain mode may name variants, for same-run A/Bs of one setting (after-back
   :sleepy         the caller's waits sleep after 0.2 ms, as the engine thread's do, instead of polling
   :views          every bucket keeps its gradients as views (zeroed by zero_grad, added to by backward)
   :refill         after backward, every host bucket is refilled by a copy (its gradients dropped by zero_grad)
-  :copied         a refilled bucket's fresh gradient is copied into the bucket and reduced there, instead of
-                  reduced from where it lies into the bucket
+  :copied         a refilled bucket's fresh gradients are copied into the bucket and reduced there, instead of
+                  reduced from where they lie into the bucket
+  :packed         as :copied for a refilled bucket of several gradients only (one gradient: reduced from it)
   :allhooks       after backward, every parameter keeps its hook (not one per bucket after the first step)
   :alone          after backward, every gradient of 1 MB or more travels alone (not in buckets of such gradients)
 No barrier between steps: each step has exactly one synchronisation point, as in training. Per step and rank:
@@ -114,8 +115,9 @@ class PhaseClock:
         self._patched = []
 
     def install(self, transport_class):
-        for owner, attribute, phase, static in self.TARGETS + ((transport_class, "allreduce_out", "transport",
-                                                                False),):
+        transport = tuple((transport_class, attribute, "transport", False)
+                          for attribute in ("allreduce_out", "allreduce_segments"))
+        for owner, attribute, phase, static in self.TARGETS + transport:
             original = owner.__dict__.get(attribute)     # None: inherited (uninstall then deletes the timer)
             function = getattr(owner, attribute)
             timed = self._timed(function, phase)
@@ -184,6 +186,7 @@ VARIANTS = {
     "views": ("refill_min_tensor_bytes", float("inf")),     # every bucket keeps its gradients as views
     "refill": ("refill_min_tensor_bytes", 0),               # after backward every host bucket is refilled
     "copied": ("reduce_into_buffer", False),                # refilled buckets: copy in, then reduce in place
+    "packed": ("reduce_into_buffer", "one"),                # only a refilled bucket of one gradient reduced from it
     "allhooks": ("one_hook_per_bucket", False),             # after backward every parameter keeps its hook
     "alone": ("large_alone", True),                         # after backward every large gradient alone
 }
@@ -234,8 +237,12 @@ def build(mode, args):
         refill = settings(mode).get("refill_min_tensor_bytes")
         if refill is not None:
             optimizer._ringtrain.refill_min_tensor_bytes = refill
-        if settings(mode).get("reduce_into_buffer") is False:
-            optimizer._ringtrain._reduce_into_buffer = lambda bucket, grad, sync: False
+        into = settings(mode).get("reduce_into_buffer")
+        if into is not None:
+            hooks = optimizer._ringtrain
+            reduce_into = hooks._reduce_into_buffer
+            hooks._reduce_into_buffer = lambda bucket, grads, sync: (into == "one" and len(grads) == 1
+                                                                     and reduce_into(bucket, grads, sync))
         if settings(mode).get("one_hook_per_bucket") is False:
             optimizer._ringtrain.hook_one_parameter_per_bucket = lambda: None
     return model, optimizer

@@ -7,12 +7,12 @@ The wrapper only hooks and waits (as Horovod's); all communication goes through 
 nothing here imports MPI, NCCL or cupy. Gradients travel in buckets, each bucket of one dtype as ONE flat tensor,
 as torch DDP's with gradient_as_bucket_view: after the first step each .grad is a view of its bucket's persistent
 buffer, so backward accumulates into the buffer and nothing is packed or unpacked -- except, after backward, a host
-bucket of large gradients (1 MB or more on average), which zero_grad() drops and step() copies in again: one copy
-costs less than zeroing the bucket and adding into it (see _REFILL_MIN_TENSOR_BYTES). On CPU a gradient of 1 MB or more
+bucket of large gradients (1 MB or more on average), which zero_grad() drops and step() refills: one pass over
+them costs less than zeroing the bucket and adding into it (see _REFILL_MIN_TENSOR_BYTES). On CPU a gradient of 1 MB or more
 travels alone with overlap, and after backward in a bucket of such gradients only (fewer buckets: each costs an
 agreement cycle and two barriers). Every CPU buffer comes from ringtrain.torch.empty_shared: with the shm transport
-it lives in the shared window, which is reduced in place with no copy-in or copy-out; a refilled bucket of one
-gradient is reduced from the fresh gradient straight into it (only the part peers read is copied in). Two schedules
+it lives in the shared window, which is reduced in place with no copy-in or copy-out; a refilled bucket is
+reduced from the fresh gradients straight into it (only the part peers read is copied in). Two schedules
 (`overlap=`):
 - overlap: each bucket is submitted asynchronously from a hook as soon as its last gradient is final, so the
   communication of late layers overlaps the backward pass of early ones (the engine's thread runs it). After the
@@ -71,7 +71,7 @@ _MB = 1 << 20
 _ALONE_BYTES = 1 << 20
 # After backward, a host bucket whose gradients average this many bytes or more is refilled every step instead of
 # keeping its gradients as views: zero_grad(set_to_none=True) drops them, backward hands its fresh gradients over
-# to .grad (no add), and submission copies them into the bucket (one read, one write). A view costs more per byte
+# to .grad (no add), and submission reduces them from where they lie into the bucket. A view costs more per byte
 # -- zero_grad() writes the bucket, and backward adds into it (two reads, one write) -- but less per tensor, where
 # hundreds of small gradients make each copy's overhead count. Same-run A/B, 2 ranks (views -> refilled):
 # ResNet-18 150.0 -> 139.7 ms per step, convnet 118.9 -> 117.8 ms; the MLP's 402 small gradients stay views.
@@ -257,8 +257,7 @@ class GradientHooks:
         else:
             grads, sparse = self._dense_grads(bucket)
             flat = None
-            if (len(grads) == 1 and not sparse and self.refilled(bucket)
-                    and self._reduce_into_buffer(bucket, grads[0], sync)):
+            if grads and not sparse and self.refilled(bucket) and self._reduce_into_buffer(bucket, grads, sync):
                 return
             if bucket.flat and grads and (len(grads) > 1 or not sparse):
                 # one copy into the persistent buffer, and .grad becomes views of it (DDP's gradient_as_bucket_view)
@@ -282,19 +281,23 @@ class GradientHooks:
             reducer.submit(bucket, [to_array(w) for w in works], sync=sync,
                            done=functools.partial(self._unpack_each, reducer, grads, compressed, works))
 
-    def _reduce_into_buffer(self, bucket, grad, sync):
-        """A refilled bucket of one fresh gradient: reduced from it straight into the bucket's buffer, whose view
-        becomes .grad (the transport copies in only what peers read: on shm half a copy less than packing it
-        first). False, having done nothing, where the gradient cannot be read as it lies (compressed on the wire,
-        not contiguous)."""
+    def _reduce_into_buffer(self, bucket, grads, sync):
+        """A refilled bucket of fresh gradients: reduced from where they lie straight into the bucket's buffer,
+        whose views become their .grad -- one gradient as one allreduce, several as one grouped allreduce that the
+        shm transport reads where they lie. Either way only the part peers read is copied in: on shm half a copy
+        less than packing them into the bucket first. False, having done nothing, where a gradient cannot be read
+        as it lies (compressed on the wire, not contiguous)."""
         reducer = self.reducer
-        wire, _ = reducer.compress(grad)
-        if wire is not grad or not grad.is_contiguous():
-            return False
-        self._buffer_for(bucket, [grad])
-        view = bucket.keys[0].grad = bucket.views[0]
-        # `grad` stays referenced by this frame until the (synchronous) reduction has read it
-        reducer.submit(bucket, [to_array(grad)], outs=[to_array(view)], sync=sync)
+        for grad in grads:
+            wire, _ = reducer.compress(grad)
+            if wire is not grad or not grad.is_contiguous():
+                return False
+        self._buffer_for(bucket, grads)
+        views = bucket.views
+        for p, view in zip(bucket.keys, views):
+            p.grad = view
+        # `grads` stays referenced by this frame until the (synchronous) reduction has read them
+        reducer.submit(bucket, [to_array(g) for g in grads], outs=[to_array(v) for v in views], sync=sync)
         return True
 
     @staticmethod

@@ -115,6 +115,38 @@ def test_a_rank_with_an_array_in_the_window_packs_while_the_others_do_not(direct
     assert not state.engine().requests
 
 
+@pytest.mark.parametrize("outs", ["back to back in the window", "on rank 0 only", "scattered in the window"])
+def test_private_arrays_reduced_into_a_bucket_of_the_window(outs):
+    """A refilled gradient bucket: private arrays reduced into views of one flat array of the window laid out as
+    they are -- reduced into it as one buffer of the region, nothing copied out; a rank whose outs are private
+    beside it runs the same chunks; outs in the window out of order are packed. Numpy's result every time."""
+    transport = state.engine().executor.transport("cpu")
+    sizes = (30000, 7, 0, 50001, 20000)
+    x, want = group(sizes, 7)
+    shared = outs != "on rank 0 only" or rt.rank() == 0
+    flat = rt.empty_shared(sum(sizes), np.float32) if shared else np.empty(sum(sizes), np.float32)
+    views = np.split(flat, np.cumsum(sizes)[:-1])
+    if outs == "scattered in the window":      # the same pieces of flat, in reverse order
+        views = np.split(flat, np.cumsum(sizes[::-1])[:-1])[::-1]
+    seen = []
+    if transport.name == "shm":
+        real = transport._collective
+        transport._collective = lambda buf, *a, out=None, **k: seen.append(
+            out is not None and transport._offset_in_region(out) is not None) or real(buf, *a, out=out, **k)
+    try:
+        for call in range(4):
+            flat[...] = -1
+            result = rt.grouped_allreduce(x, op=rt.Sum, name=f"grouped.express.into.{outs}", outs=views)
+            assert all(r is v for r, v in zip(result, views))
+            for v, w in zip(views, want):
+                np.testing.assert_array_equal(v, w, err_msg=f"call {call}")
+    finally:
+        if transport.name == "shm":
+            del transport._collective
+    if transport.name == "shm" and shared and outs != "scattered in the window":
+        assert_some_read_where_they_lie(seen)
+
+
 def test_a_flagged_cycle_turns_the_grouped_call_into_a_request():
     """The last rank first submits a never-seen tensor (a slow cycle), 0.3 s before the cached group the others
     already wait for: their express cycle sees the flag and the group becomes an ordinary grouped request on every

@@ -164,6 +164,85 @@ def test_refilled_buckets_train_as_views_do(rt, refill, passes, overlap):
     assert len(buffers) == len(opt._ringtrain.reducer.buckets)        # every gradient is a view of its bucket
 
 
+class LargeTogether(torch.nn.Module):
+    """Three weights of 120 KB and their biases (float64): refilled, one bucket of several gradients past the
+    one-barrier size. `unused` gets no gradient; `transposed` lays one weight out transposed, so its gradient
+    follows (not contiguous)."""
+
+    def __init__(self, transposed):
+        super().__init__()
+        torch.manual_seed(3)
+        self.a, self.b = torch.nn.Linear(6, 2500), torch.nn.Linear(2500, 6)
+        self.unused = torch.nn.Linear(2500, 6)
+        if transposed:
+            self.b.weight = torch.nn.Parameter(self.b.weight.detach().t().contiguous().t())
+        self.double()
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)))[:, :3]
+
+
+@pytest.fixture
+def into_the_window(monkeypatch):
+    """Per call of the shm transport's collective: (Segments read where they lie, result into the window)."""
+    from ringtrain import state
+    from ringtrain.transports.segments import Segments
+    transport = state.engine().executor.transport("cpu")
+    seen = []
+    if transport.name == "shm":
+        real = transport._collective
+
+        def spy(buf, *args, out=None, **kwargs):
+            seen.append((isinstance(buf, Segments), out is not None and transport._offset_in_region(out) is not None))
+            return real(buf, *args, out=out, **kwargs)
+        monkeypatch.setattr(transport, "_collective", spy)
+    return seen
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("passes", [1, 2])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_a_refilled_bucket_of_several_gradients_is_reduced_from_where_they_lie(rt, layout, passes, into_the_window):
+    """After backward, a refilled bucket of several fresh gradients (one parameter without a gradient among them)
+    is reduced from them straight into the bucket's views -- one grouped allreduce, no packing copy -- and equals
+    one process; a gradient that is not contiguous makes the bucket packed as before, with the same result."""
+    from ringtrain import state
+    transposed = layout == "transposed"
+    data = [[(x[:, :6].contiguous(), y) for x, y in step] for step in batches(rt.size(), passes)]
+    model = LargeTogether(transposed)
+    opt = rt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+                                  named_parameters=model.named_parameters(), backward_passes_per_step=passes,
+                                  overlap=False)
+    hooks = opt._ringtrain
+    hooks.refill_min_tensor_bytes = 0
+    packed = []
+    into_buffer = hooks._into_buffer
+    hooks._into_buffer = lambda bucket, grads: packed.append(bucket.name) or into_buffer(bucket, grads)
+    lo, hi = rt.rank() * SHARD, (rt.rank() + 1) * SHARD
+    for step in data:
+        opt.zero_grad()
+        for x, y in step:
+            torch.nn.functional.mse_loss(model(x[lo:hi]), y[lo:hi]).backward()
+        if transposed:
+            assert not model.b.weight.grad.is_contiguous()
+        opt.step()
+    reference = LargeTogether(transposed)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.01, momentum=0.9)
+    for step in data:
+        ref_opt.zero_grad()
+        for x, y in step:
+            torch.nn.functional.mse_loss(reference(x), y).backward()
+        ref_opt.step()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-9, msg=lambda m: f"{name}: {m}")
+    assert not model.unused.weight.grad.any()
+    (bucket,) = hooks.reducer.buckets
+    assert all(p.grad is view for p, view in zip(bucket.keys, bucket.views))
+    assert len(packed) == (STEPS if transposed else 0), packed
+    if not transposed and into_the_window and state.engine().watchdog.core_per_rank:
+        assert (True, True) in into_the_window, into_the_window
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("compression", ["fp16", "bf16"])
 def test_compressed_gradients_stay_close_to_reference(rt, compression):
