@@ -21,6 +21,8 @@ A ringtrain mode may name variants, for same-run A/Bs of one setting (after-back
   :packed         as :copied for a refilled bucket of several gradients only (one gradient: reduced from it)
   :allhooks       after backward, every parameter keeps its hook (not one per bucket after the first step)
   :alone          after backward, every gradient of 1 MB or more travels alone (not in buckets of such gradients)
+  :capped         after backward, buckets of such gradients hold up to bucket_cap_mb (25 MB), not up to the
+                  fusion threshold (the shm window's 32 MB)
 No barrier between steps: each step has exactly one synchronisation point, as in training. Per step and rank:
   fwd+bwd         zero_grad + forward + backward (wall; cpu = this thread's CPU time, which excludes time the OS
                   gave to other processes, so cpu < wall means the rank was descheduled)
@@ -189,6 +191,7 @@ VARIANTS = {
     "packed": ("reduce_into_buffer", "one"),                # only a refilled bucket of one gradient reduced from it
     "allhooks": ("one_hook_per_bucket", False),             # after backward every parameter keeps its hook
     "alone": ("large_alone", True),                         # after backward every large gradient alone
+    "capped": ("large_bucket_bytes", None),                 # after backward large buckets up to bucket_cap_mb
 }
 
 
@@ -243,6 +246,9 @@ def build(mode, args):
             reduce_into = hooks._reduce_into_buffer
             hooks._reduce_into_buffer = lambda bucket, grads, sync: (into == "one" and len(grads) == 1
                                                                      and reduce_into(bucket, grads, sync))
+        if "large_bucket_bytes" in settings(mode):
+            optimizer._ringtrain.reducer.large_bucket_bytes = settings(mode)["large_bucket_bytes"]
+            optimizer._ringtrain.restart()          # the plan again, with that cap
         if settings(mode).get("one_hook_per_bucket") is False:
             optimizer._ringtrain.hook_one_parameter_per_bucket = lambda: None
     return model, optimizer

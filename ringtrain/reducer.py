@@ -16,7 +16,8 @@ The interface, in the order a training step uses it:
 - Registration: members are given in definition order; `reducer.buckets` is the plan (first guess: reverse
   definition order, as gradients become final in backward), `reducer.bucket_of(key)` the bucket of one member.
   `plan_buckets()` is the rule (small first bucket, then `bucket_bytes`, one kind -- dtype and device -- per bucket,
-  a host member of `alone_bytes` or more alone with overlap, with other such members only after backward); `groups=`
+  a host member of `alone_bytes` or more alone with overlap, with other such members only after backward, up to
+  `large_bucket_bytes`); `groups=`
   (Horovod's) fixes the buckets instead.
 - Pass counting: the binding calls `reducer.arrived(key)` once per member per backward pass (a post-accumulate-grad
   hook); it returns the bucket when that bucket is complete -- every member arrived `passes_per_step` times -- and not
@@ -156,13 +157,15 @@ class Pending:
     done: object                       # done(result) -> None, or None
 
 
-def plan_buckets(members, first_bucket_bytes, bucket_bytes, alone_bytes=None, keep_order=True, large_alone=None):
+def plan_buckets(members, first_bucket_bytes, bucket_bytes, alone_bytes=None, keep_order=True, large_alone=None,
+                 large_bucket_bytes=None):
     """Split members (in expected ready order) into lists: the first small so the first collective starts early in
     backward, the rest up to bucket_bytes. One kind per bucket. A host member of alone_bytes or more is large.
     keep_order=True: buckets are consecutive runs (for overlap), and a large member is alone, so it goes out as soon
     as it is final; False: members of one kind fill the same bucket wherever they sit (reduced after backward, order
-    does not matter, fewer requests), large ones only with large ones (a bucket of them is refilled by one copy,
-    see the torch binding). large_alone overrides whether a large member is alone."""
+    does not matter, fewer requests), large ones only with large ones (a bucket of them is refilled every step, see
+    the torch binding), up to large_bucket_bytes (default bucket_bytes). large_alone overrides whether a large
+    member is alone."""
     large_alone = keep_order if large_alone is None else large_alone
     buckets, filling = [], {}       # kind (or (kind, "large")) -> [members, bytes] of the bucket still filling
 
@@ -174,6 +177,7 @@ def plan_buckets(members, first_bucket_bytes, bucket_bytes, alone_bytes=None, ke
         if keep_order:
             for other in [k for k in filling if k != kind]:
                 close(other)
+        cap = first_bucket_bytes if not buckets else bucket_bytes
         if alone_bytes is not None and nbytes >= alone_bytes and member.host:
             if large_alone:
                 if keep_order and kind in filling:
@@ -181,7 +185,7 @@ def plan_buckets(members, first_bucket_bytes, bucket_bytes, alone_bytes=None, ke
                 buckets.append([member])
                 continue
             kind = (kind, "large")
-        cap = first_bucket_bytes if not buckets else bucket_bytes
+            cap = large_bucket_bytes or cap
         current = filling.get(kind)
         if current is not None and current[1] + nbytes > cap:
             close(kind)
@@ -236,7 +240,7 @@ class Reducer:
 
     def __init__(self, members, *, prefix, scaling=Scaling(), compression=None, process_set=global_process_set,
                  passes_per_step=1, bucket_bytes=25 << 20, first_bucket_bytes=1 << 20, alone_bytes=None,
-                 overlap=True, groups=None, collective=Collective.ALLREDUCE):
+                 large_bucket_bytes=None, overlap=True, groups=None, collective=Collective.ALLREDUCE):
         self.members = list(members)
         self.prefix = prefix
         self.scaling = scaling
@@ -246,6 +250,7 @@ class Reducer:
         self.bucket_bytes = int(bucket_bytes)
         self.first_bucket_bytes = int(first_bucket_bytes)
         self.alone_bytes = alone_bytes
+        self.large_bucket_bytes = large_bucket_bytes      # after backward: the cap of a bucket of large members
         self.overlap = bool(overlap)
         self.collective = collective
         self.groups = explicit_groups(self.members, groups)
@@ -271,7 +276,8 @@ class Reducer:
         elif self.overlap:
             lists = plan_buckets(ordered, self.first_bucket_bytes, self.bucket_bytes, self.alone_bytes)
         else:   # reduced after backward: no reason for a small first bucket, and order does not matter
-            lists = plan_buckets(ordered, self.bucket_bytes, self.bucket_bytes, self.alone_bytes, keep_order=False)
+            lists = plan_buckets(ordered, self.bucket_bytes, self.bucket_bytes, self.alone_bytes, keep_order=False,
+                                 large_bucket_bytes=self.large_bucket_bytes)
         self.buckets = [Bucket(i, f"{self.prefix}.g{generation}.bucket{i}", members,
                                flat=(len({m.kind for m in members}) == 1 and (len(members) > 1 or members[0].host)))
                         for i, members in enumerate(lists)]

@@ -255,5 +255,34 @@ def test_bucket_layout_after_backward_packs_small_tensors_together_and_large_one
     assert ids(alone) == [[id(big)], [id(params[4])], [id(small), id(params[3]), id(params[5])], [id(small64)]]
 
 
+def test_bucket_layout_after_backward_large_buckets_hold_up_to_their_own_cap():
+    kb = lambda n: torch.zeros(n * 256)
+    params = [kb(4), kb(1024), kb(4), kb(1536), kb(2048)]
+    ids = lambda buckets: [[id(p) for p in b] for b in buckets]
+    large_cap = _layout_buckets(params, 2 << 20, 2 << 20, 1 << 20, keep_order=False, large_bucket_bytes=3 << 20)
+    # 1 MB + 1.5 MB share a 3 MB large bucket; 2 MB more would pass it; the small ones keep the 2 MB cap
+    assert ids(large_cap) == [[id(params[1]), id(params[3])], [id(params[0]), id(params[2])], [id(params[4])]]
+    assert ids(_layout_buckets(params, 2 << 20, 2 << 20, 1 << 20, keep_order=False)) == [
+        [id(params[1])], [id(params[3])], [id(params[0]), id(params[2])], [id(params[4])]]
+
+
+def test_after_backward_large_gradients_share_buckets_up_to_the_fusion_threshold(rt):
+    """bucket_cap_mb=2: two 1.5 MB gradients still share one bucket after backward (up to the fusion threshold,
+    the shm window's capacity), the small ones keep the 2 MB cap; with overlap each large one travels alone."""
+    from ringtrain import state
+    layers = [torch.nn.Linear(768, 512, bias=False), torch.nn.Linear(512, 768, bias=False)]
+    layers += [torch.nn.Linear(256, 256) for _ in range(12)]          # 12 x 257 KB: small, two 2 MB buckets
+    model = torch.nn.Sequential(*layers)
+    assert state.config().fusion_threshold >= 3 << 20
+    for overlap in (False, True):
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), overlap=overlap,
+                                       bucket_cap_mb=2)
+        reducer = opt._ringtrain.reducer
+        large = [len(reducer.bucket_of(layer.weight).members) for layer in layers[:2]]
+        assert large == ([1, 1] if overlap else [2, 2]), (overlap, large)
+        small = [sum(m.nbytes for m in b.members) for b in reducer.buckets if b.members[0].nbytes < 1 << 20]
+        assert len(small) >= 2 and max(small) <= 2 << 20, small
+
+
 def test_device_is_cpu_without_gpu(rt):
     assert hvd.device() == torch.device("cpu")

@@ -67,7 +67,9 @@ from .functions import Average, contiguous, copy_back, to_array
 _MB = 1 << 20
 # on CPU a gradient this large is large (see plan_buckets): with overlap it travels alone, its own bucket, so it is
 # reduced as soon as it is final and never waits for smaller neighbours (the extra request costs ~50 us); after
-# backward it shares buckets with large ones only (ResNet-18: two buckets instead of nine, 2-3 points of a step)
+# backward it shares buckets with large ones only (ResNet-18: two buckets instead of nine, 2-3 points of a step),
+# up to the fusion threshold (the shm window's capacity, which a bucket's collective passes in one piece) where
+# that is more than bucket_cap_mb: each bucket fewer saves an agreement cycle and two barriers
 _ALONE_BYTES = 1 << 20
 # After backward, a host bucket whose gradients average this many bytes or more is refilled every step instead of
 # keeping its gradients as views: zero_grad(set_to_none=True) drops them, backward hands its fresh gradients over
@@ -172,6 +174,7 @@ class GradientHooks:
                                compression=compression, process_set=process_set,
                                passes_per_step=backward_passes_per_step, bucket_bytes=int(bucket_cap_mb * _MB),
                                first_bucket_bytes=int(first_bucket_mb * _MB), alone_bytes=_ALONE_BYTES,
+                               large_bucket_bytes=max(int(bucket_cap_mb * _MB), core_state.config().fusion_threshold),
                                overlap=overlap, groups=groups)
         host = [m.nbytes for m in self.reducer.members if m.host]
         if host:
@@ -516,7 +519,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     compression: Compression.none | fp16 | bf16 for the wire. op: Average (default) or Sum (Adasum: not yet).
     groups (Horovod's): an int k = k buckets of near-equal parameter count, or lists of parameters, one bucket each
     (parameters in no list get a bucket each); num_groups is its older name. Without groups, buckets are laid out by
-    size (bucket_cap_mb, first_bucket_mb small so communication starts early) and re-laid in observed order.
+    size (bucket_cap_mb, first_bucket_mb small so communication starts early) and re-laid in observed order;
+    reduced after backward, CPU gradients of 1 MB or more share buckets of their own of up to the larger of
+    bucket_cap_mb and the fusion threshold (32 MB).
     sparse_as_dense: allreduce sparse gradients (nn.Embedding(sparse=True)) as dense tensors; by default they travel
     as an allgather of indices and values, as Horovod's.
     process_set: the ranks that train this model together (see add_process_set); every member must wrap it.
