@@ -4,8 +4,9 @@ the gradient allreduce (no gradient traffic) -- what every synchronous method pa
     mpiexec -n 2 python benchmarks/step_breakdown.py [--model convnet|mlp|resnet18] [--rounds 3] [--steps 15]
         [--modes no-comm,lockstep,after-backward,overlap,ddp] [--no-phases] [--json out.json]
 
-Modes, interleaved in rounds (one model and optimizer per mode, training on through its rounds; the medians over
-rounds reported):
+Modes, interleaved in rounds whose order alternates (ABBA; one model and optimizer per mode, training on through
+its rounds; the medians over rounds reported). x lockstep is lockstep's median step over the mode's; (paired) the
+median over rounds of that ratio taken round by round, which cancels load that changes between rounds:
   no-comm         plain torch, no synchronisation at all (the ranks drift apart): does the computation itself run
                   slower when the ranks run in step (shared caches, memory bandwidth)? compare its fwd+bwd cpu
   lockstep        plain torch optimizer; after backward an MPI barrier (the synchronous ceiling)
@@ -368,8 +369,11 @@ def main():
     # would take fresh buckets from the shared window's pool, which is never given back (see empty_shared), and
     # later rounds would then measure buckets in private memory
     built = {mode: build(mode, args) for mode in modes}
-    for _ in range(args.rounds):
-        for mode in modes:
+    for number in range(args.rounds):
+        # the order alternates (ABBA...): a mode that gains or loses by its place in a round (the one before it
+        # leaves the caches and the heap in some state; load from other jobs comes and goes) does so in both
+        # directions
+        for mode in (modes if number % 2 == 0 else modes[::-1]):
             mine = run_mode(mode, *built[mode], args, comm, inputs, labels, engine_cpu, clock)
             everyone = comm.gather(mine["stamps"], root=0)
             shapes[mode] = {"gradient_bytes": mine["gradient_bytes"], "buckets": mine["buckets"]}
@@ -395,6 +399,12 @@ def summarise(modes, measured):
             summary[mode][phase] = float(np.median(values)) if values else None
         walls = [r["step_wall"] for r in measured[mode]]
         summary[mode]["step_wall_range"] = [min(walls), max(walls)]
+        if "lockstep" in measured:
+            # lockstep's step over this mode's, round by round (the two a few seconds apart, so load that changes
+            # between rounds cancels), and its median: a second estimate beside the ratio of the medians
+            rounds = [b["step_wall"] / r["step_wall"] for b, r in zip(measured["lockstep"], measured[mode])]
+            summary[mode]["x_lockstep_per_round"] = rounds
+            summary[mode]["x_lockstep_paired"] = float(np.median(rounds))
         rounds = [r["buckets"] for r in measured[mode] if "buckets" in r]
         if rounds:
             summary[mode]["buckets"] = {key: [float(np.median([r[key][i] for r in rounds])) for i in (0, 1)]
@@ -417,15 +427,16 @@ def report(args, modes, measured, shapes, one_host, load_before):
             layout = ", ".join(f"{count} tensors {nbytes / 2 ** 20:.2f} MB" for count, nbytes in
                                shapes[mode]["buckets"])
             print(f"# {mode} buckets: {layout}")
-    header = ["mode", "step", "(range)", "x lockstep", "fwd+bwd", "(cpu)", "wait", "after_last", "opt.step",
-              "engine_cpu", "proc_cpu", "faults"]
+    header = ["mode", "step", "(range)", "x lockstep", "(paired)", "fwd+bwd", "(cpu)", "wait", "after_last",
+              "opt.step", "engine_cpu", "proc_cpu", "faults"]
     rows = []
     base = summary.get("lockstep")
     for mode in modes:
         s = summary[mode]
         ratio = f"{base['step_wall'] / s['step_wall']:.3f}" if base else "-"
+        paired = f"{s['x_lockstep_paired']:.3f}" if base else "-"
         rows.append([mode, _ms(s["step_wall"]), f"{s['step_wall_range'][0]:.1f}-{s['step_wall_range'][1]:.1f}",
-                     ratio, _ms(s["fwd_bwd"]), _ms(s["fwd_bwd_cpu"]), _ms(s["wait"]), _ms(s["after_last"]),
+                     ratio, paired, _ms(s["fwd_bwd"]), _ms(s["fwd_bwd_cpu"]), _ms(s["wait"]), _ms(s["after_last"]),
                      _ms(s["step"]), _ms(s["engine_cpu"]), _ms(s["proc_cpu"]), f"{s['faults']:.0f}"])
     print(train_scaling.common.format_table(header, rows))
     phase_rows = []
