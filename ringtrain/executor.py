@@ -36,6 +36,12 @@ def _numel(shape):
     return n
 
 
+def _flat(array):
+    """The array as 1-D: itself when it is already (Segments always are). The transport knows an array it reduces
+    every step (a gradient bucket) by identity, and a reshape would make a new array object each time."""
+    return array if isinstance(array, Segments) or array.ndim == 1 else array.reshape(-1)
+
+
 class Executor:
     def __init__(self, topology, config, watchdog):
         self.topo, self.config, self.watchdog = topology, config, watchdog
@@ -161,9 +167,9 @@ class Executor:
         """One host array, no prescale (a single tensor, or an optimizer's flat bucket): no pack, no unpack -- the
         transport copies in only what peers read and reduces straight into dst. Used for such a bucket and by the
         engine's express path (one agreement cycle, then this), so both run the same transport calls."""
-        flat = src.reshape(-1)
+        flat = _flat(src)
         # in place stays in place: two views of one buffer would make the transport copy it onto itself first
-        out = flat if dst is src else dst.reshape(-1)
+        out = flat if dst is src else _flat(dst)
         meta = action.metas[0]
         if isinstance(flat, Segments):       # a grouped express allreduce: its arrays where they lie
             self.transport(meta.device).allreduce_segments(flat, out, ReduceOp(meta.op), action.scale)

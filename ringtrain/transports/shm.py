@@ -7,7 +7,8 @@
 
 Layout: an `MPI.Win.Allocate_shared` window on the node communicator; every rank owns a page-aligned header plus
 a data region of `fusion_threshold` bytes. Rank 0's header holds one cache line of flags per rank:
-[sequence number, byte offset of this collective's data in the owner's region, signature of the collective].
+[sequence number, byte offset of this collective's data in the owner's region, two signatures of the collective
+(one per parity of the sync it is published with)].
 A sequence number only grows; every synchronisation point is "bump mine, wait until every rank's is >= mine"
 (flag_barrier.FlagBarrier), polled through the Watchdog with its backoff -- no MPI call, no busy spin.
 
@@ -47,7 +48,15 @@ log = logging.getLogger("ringtrain")
 _PAGE = 4096
 _SEQ, _OFFSET = 0, 1           # int64 slots in a flag line
 _PRIVATE = -1                  # the offset a rank publishes when its data is private: packed at its region's start
-_SIGNATURE = slice(2, 6)       # what this rank is running: kind, bytes, itemsize, checksum of the block counts
+# What this rank is running -- kind + 256 * itemsize, bytes, checksum of the block counts -- at words 2-4 of its line
+# for a collective whose first sync has an even number, 5-7 for an odd one. Two places, because a rank that saw a
+# mismatch raises at once and may publish its next collective's signature while a slower peer has not read this one;
+# it cannot publish the one after that before that peer reached the next sync, so this one stays readable.
+_SIGNATURE_WORDS = 3
+
+
+def _signature_word(sync):
+    return 2 + _SIGNATURE_WORDS * (sync % 2)
 _KINDS = {1: "allreduce", 2: "reducescatter", 3: "allgather", 4: "allreduce"}   # 4: the one-barrier path
 SMALL_BYTES = 64 << 10         # allreduces up to this size use the one-barrier path
 _SMALL_SLOT = LINE + SMALL_BYTES   # a line for the call's signature, then the data
@@ -96,8 +105,10 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
         self._small_calls = 0
         lines = segments[0][: self.size * LINE].view(np.int64).reshape(self.size, LINE_INT64)
         self._flags = FlagBarrier(lines[:, _SEQ], self.rank, self._win, watchdog, config.stall_timeout_s, "shm")
-        self._offsets = lines[:, _OFFSET]
-        self._lines = lines
+        # the flag lines as Python ints: every collective writes and reads a few words of them, and a numpy call
+        # on them costs tens of microseconds right after backward has evicted numpy from the caches
+        self._words = memoryview(lines.reshape(-1))
+        self._last_in_region = (None, None)    # (array, its offset): the buffer reduced where it lies, every step
         lines[self.rank, :] = 0                # the window is not zeroed by MPI; each rank clears its own line
         self._win.Sync()
         node.Barrier()
@@ -136,13 +147,18 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
 
     def _offset_in_region(self, buf):
         """Byte offset of buf inside our region, or None when buf is ordinary memory (Segments always are)."""
+        last, offset = self._last_in_region
+        if buf is last:                 # a bucket reduced in place every step: its array object never moves
+            return offset
         if buf.size == 0 or isinstance(buf, Segments):
             return None
-        if self.holds(buf):
+        start = self._start(buf)
+        if 0 <= start and start + buf.nbytes <= self._region_bytes:
             if not buf.flags.c_contiguous:
                 raise ValueError(f"rank {self.rank}: shm buffers must be contiguous")
-            return self._start(buf)
-        if -buf.nbytes < self._start(buf) < self._region_bytes:
+            self._last_in_region = (buf, start)     # window memory: holding on to it keeps nothing else alive
+            return start
+        if -buf.nbytes < start < self._region_bytes:
             raise ValueError(f"rank {self.rank}: buffer of {buf.nbytes} bytes overlaps the end of the shared "
                              f"region ({self._region_bytes} bytes); use staging_buffer(nbytes) with nbytes <= "
                              f"capacity")
@@ -170,20 +186,24 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
     def _barrier(self, what, offset=None, signature=None):
         """Publish that this rank reached the next sync point (and, with `offset`, where its data is), then wait
         for every rank (FlagBarrier: its Win.Sync orders the offset and signature before the flag)."""
+        words, line = self._words, self.rank * LINE_INT64
         if offset is not None:
-            self._offsets[self.rank] = offset
+            words[line + _OFFSET] = offset
         if signature is not None:
-            self._lines[self.rank, _SIGNATURE] = signature
+            at = line + _signature_word(self._flags.count + 1)
+            for i, value in enumerate(signature):
+                words[at + i] = value
         self._flags.arrive(what)
 
     def _check_signatures(self, mine):
         """Right after the first barrier every rank sees every rank's signature; on any difference they all
         raise together (so they stay in step) instead of reducing each other's unrelated buffers."""
-        theirs = self._lines[:, _SIGNATURE]
-        if (theirs == np.asarray(mine, dtype=np.int64)).all():
+        words, start = self._words, _signature_word(self._flags.count)
+        theirs = [[words[p * LINE_INT64 + start + i] for i in range(_SIGNATURE_WORDS)] for p in range(self.size)]
+        if all(signature == mine for signature in theirs):
             return
-        described = "; ".join(f"rank {p}: {_KINDS.get(int(k), k)} of {int(b)} bytes in {int(i)}-byte elements, "
-                              f"block-count checksum {int(c)}" for p, (k, b, i, c) in enumerate(theirs.tolist()))
+        described = "; ".join(f"rank {p}: {_KINDS.get(k % 256, k % 256)} of {b} bytes in {k // 256}-byte elements, "
+                              f"block-count checksum {c}" for p, (k, b, c) in enumerate(theirs))
         raise TransportError(f"rank {self.rank}: ranks disagree on the shm collective they are running: {described}")
 
     # ---- collectives -----------------------------------------------------------------------------------------
@@ -292,7 +312,7 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
                     fill(out[starts[p]: starts[p] + counts[p]], buf[starts[p]: starts[p] + counts[p]])
                 buf, in_region = out, out_in_region
         ufunc = ops.UFUNCS[op] if reduce else None
-        signature = (kind, buf.nbytes, itemsize, sum((i + 1) * c for i, c in enumerate(counts)) % (1 << 62))
+        signature = [kind + 256 * itemsize, buf.nbytes, sum((i + 1) * c for i, c in enumerate(counts)) % (1 << 62)]
         # Private data passes the region in cache-sized chunks, packed at its start; a buffer that lies in the
         # region is used where it lies, in one chunk -- unless a peer's data is private: then it runs the same
         # chunks (learnt at the first barrier, from the peer's published offset _PRIVATE; the private ranks'
@@ -317,7 +337,7 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
                     if (p != r and reduce) or (p == r and not reduce):
                         fill(region(r, p, _PRIVATE), mine(p))
             self._barrier("ready", offset=_PRIVATE if in_region is None else in_region, signature=signature)
-            bases = self._offsets.tolist()
+            bases = [self._words[p * LINE_INT64 + _OFFSET] for p in range(n)]
             if number == 0:
                 self._check_signatures(signature)
                 if in_region is not None and _PRIVATE in bases:
@@ -381,7 +401,8 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
         if self._closed:
             return
         self._closed = True
-        self._data = self._flags = self._offsets = self._small_slots = None
+        self._data = self._flags = self._small_slots = self._words = None
+        self._last_in_region = (None, None)
         # an array from shared_array() may still be in use: freeing would turn it into a dangling pointer, so
         # then every rank keeps the window (the decision is collective: Win.Free is)
         keep = self._node.allreduce(self._pool_next > self._pool_start, op=MPI.LOR)

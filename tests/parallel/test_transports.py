@@ -441,6 +441,57 @@ def test_shm_ranks_disagreeing_on_the_collective_all_raise_and_stay_in_step():
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("where", ["private", "region"])
+def test_shm_large_collectives_that_disagree_all_raise_and_stay_in_step(where):
+    """Past the one-barrier path the ranks compare signatures after the first barrier: a rank with a larger buffer,
+    or one running a reducescatter where the others allreduce, makes every rank raise, naming what each rank ran,
+    and the agreeing collectives after it are right -- for private buffers and for buffers in the region, two of
+    them at different offsets used in turn (the transport remembers where the last one lies)."""
+    from ringtrain.errors import RingtrainError, TransportError
+
+    comm = MPI.COMM_WORLD
+    last = comm.size - 1
+    t = make_transport("shm", fusion_threshold=1 << 20, stall_timeout_s=10.0)   # a bug ends in StallError
+    n = 40000                                          # 160 KB of float32: past the one-barrier path
+    try:
+        if where == "region":
+            region = t.staging_buffer(3 * n * 4 + 4096).view(np.float32)
+            buffers = [region[:n + 16], region[1024 + n:1024 + 2 * n + 16]]
+        else:
+            buffers = [np.empty(n + 16, np.float32), np.empty(n + 16, np.float32)]
+        outcomes, results = [], []
+        mismatches = [("larger", lambda b: t.allreduce(b[:n + 16 * (comm.rank == last)], ReduceOp.SUM)),
+                      ("reducescatter", lambda b: t.reducescatter(b[:n], even_counts(n, comm.size), ReduceOp.SUM)
+                       if comm.rank == last else t.allreduce(b[:n], ReduceOp.SUM))]
+        for step, (what, run) in enumerate(mismatches):
+            buf = buffers[step % 2]
+            buf[...] = 1
+            try:
+                run(buf)
+                outcomes.append((what, "no error"))
+            except TransportError as error:
+                outcomes.append((what, str(error)))
+            for k in range(3):                         # agreeing allreduces after it, the two buffers in turn
+                good = buffers[(step + k) % 2][:n]
+                good[...] = comm.rank + k
+                try:                                   # out of step, ranks stall: every rank must get to the end
+                    t.allreduce(good, ReduceOp.SUM)
+                    results.append(bool((good == sum(range(comm.size)) + comm.size * k).all()))
+                except RingtrainError as error:
+                    results.append(f"{what}, agreeing allreduce {k}: {error}")
+        everyone = comm.allgather(outcomes)
+    finally:
+        t.close()
+    for rank, theirs in enumerate(everyone):
+        for what, message in theirs:
+            last_ran = (f"rank {last}: allreduce of {4 * (n + 16)} bytes" if what == "larger"
+                        else f"rank {last}: reducescatter of {4 * n} bytes")
+            assert f"rank 0: allreduce of {4 * n} bytes" in message and last_ran in message, \
+                f"rank {rank}, {what}: {message}"
+    assert all(result is True for result in results), results
+
+
+@pytest.mark.mpi(min_size=2)
 def test_shm_rank_that_never_arrives_is_a_stall_error_naming_it():
     from ringtrain.errors import StallError
 
