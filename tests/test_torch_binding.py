@@ -239,6 +239,28 @@ def test_zero_grad_clears_parameters_outside_the_buckets(rt):
     assert model[0].weight.grad is None and model[1].weight.grad is not None
 
 
+def test_zero_grad_clears_parameters_added_to_the_optimizer_later(rt):
+    # the parameters outside the buckets are looked up again when param_groups change: a group added after
+    # construction (add_param_group), or a group's params list replaced, is never communicated but still cleared
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 2)).double()
+    extra, another = torch.nn.Linear(5, 3).double(), torch.nn.Linear(5, 3).double()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), overlap=False)
+    x = torch.ones(2, 5, dtype=torch.float64)
+    for _ in range(2):
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()                           # the buckets' gradients are views from here on
+    opt.add_param_group({"params": list(extra.parameters())})
+    extra(x).sum().backward()
+    opt.zero_grad()
+    assert extra.weight.grad is None and extra.bias.grad is None
+    opt.param_groups[-1]["params"] = [another.weight]
+    another(x).sum().backward()
+    opt.zero_grad(set_to_none=False)
+    assert another.weight.grad is not None and not another.weight.grad.any()
+    assert another.bias.grad is not None and another.bias.grad.any()      # in no group: torch leaves it alone
+
+
 def test_bucket_layout_after_backward_packs_small_tensors_together_and_large_ones_together():
     kb = lambda n, dtype=torch.float32: torch.zeros(n * 256, dtype=dtype)
     small, big, small64 = kb(4), kb(1024), kb(4, torch.float64)

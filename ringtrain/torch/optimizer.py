@@ -183,6 +183,8 @@ class GradientHooks:
         self.refill_min_tensor_bytes = _REFILL_MIN_TENSOR_BYTES
         self._refilled = {}                 # bucket name -> refilled every step (see _REFILL_MIN_TENSOR_BYTES)
         self.counted = None                 # after backward: bucket name -> its one hooked parameter (from step 2)
+        self._arrays = {}                   # bucket name -> (its buffer, the numpy array of it the engine reduces)
+        self._unbucketed = ((), [])         # (param_groups' lists and lengths, their parameters in no bucket)
         self.install_hooks()
 
     def all_params(self):
@@ -277,7 +279,8 @@ class GradientHooks:
             done = None
             if wire is not flat or flat is not bucket.buffer:
                 done = functools.partial(self._unpack_flat, reducer, flat, grads, wire, ctx, bucket.buffer)
-            reducer.submit(bucket, [to_array(wire)], sync=sync, done=done)
+            reducer.submit(bucket, [self._buffer_array(bucket) if wire is bucket.buffer else to_array(wire)],
+                           sync=sync, done=done)
         elif grads:
             compressed = [reducer.compress(g) for g in grads]
             works = [contiguous(wire) for wire, _ in compressed]
@@ -332,6 +335,14 @@ class GradientHooks:
                 p.grad = p.grad.to_dense()
             grads.append(p.grad)
         return grads, sparse
+
+    def _buffer_array(self, bucket):
+        """The numpy array of a bucket's buffer, the same object every step: the shm transport then knows it by
+        identity (see SharedMemoryTransport._offset_in_region), and no new array is made per step."""
+        buffer, array = self._arrays.get(bucket.name, (None, None))
+        if buffer is not bucket.buffer:
+            buffer, array = self._arrays[bucket.name] = (bucket.buffer, to_array(bucket.buffer))
+        return array
 
     @staticmethod
     def _buffer_for(bucket, grads):
@@ -401,8 +412,7 @@ class GradientHooks:
         # every trainable parameter then has a gradient (zeros if no rank used it).
         if all(bucket.views is None for bucket in reducer.buckets):
             return None
-        # not in any bucket: frozen at construction (a parameter unfrozen later still has torch's semantics)
-        others = reducer.unbucketed(self.all_params())
+        others = self._unbucketed_params()
         for bucket in reducer.buckets:
             if bucket.views is None or (set_to_none and self.refilled(bucket)):
                 others += bucket.keys
@@ -411,6 +421,19 @@ class GradientHooks:
             if not _grads_are_views(bucket):
                 others += [p for p, view in zip(bucket.keys, bucket.views) if p.grad is not view]
         return others
+
+    def _unbucketed_params(self):
+        """A new list of the parameters in no bucket: frozen at construction (a parameter unfrozen later still has
+        torch's semantics). Looked up again only when param_groups change (add_param_group, a new params list):
+        walking 400 parameters costs ~50 us of a step."""
+        groups = self.optimizer.param_groups
+        seen, unbucketed = self._unbucketed
+        if len(seen) != len(groups) or any(params is not g["params"] or n != len(params)
+                                           for (params, n), g in zip(seen, groups)):
+            seen = [(g["params"], len(g["params"])) for g in groups]
+            unbucketed = self.reducer.unbucketed(self.all_params())
+            self._unbucketed = (seen, unbucketed)
+        return list(unbucketed)
 
     def refilled(self, bucket):
         """True for a host bucket of large gradients reduced after backward: zero_grad(set_to_none=True) drops
@@ -492,7 +515,8 @@ class _DistributedOptimizerMixin:
         others = self._ringtrain.zero_grad(set_to_none)
         if others is None:
             return super().zero_grad(set_to_none)
-        clear_gradients(others, set_to_none)     # torch's own zero_grad for gradients that are not bucket views
+        if others:
+            clear_gradients(others, set_to_none)     # torch's own zero_grad for gradients that are not bucket views
         return None
 
 
