@@ -182,31 +182,15 @@ class LargeTogether(torch.nn.Module):
         return self.b(torch.tanh(self.a(x)))[:, :3]
 
 
-@pytest.fixture
-def into_the_window(monkeypatch):
-    """Per call of the shm transport's collective: (Segments read where they lie, result into the window)."""
-    from ringtrain import state
-    from ringtrain.transports.segments import Segments
-    transport = state.engine().executor.transport("cpu")
-    seen = []
-    if transport.name == "shm":
-        real = transport._collective
-
-        def spy(buf, *args, out=None, **kwargs):
-            seen.append((isinstance(buf, Segments), out is not None and transport._offset_in_region(out) is not None))
-            return real(buf, *args, out=out, **kwargs)
-        monkeypatch.setattr(transport, "_collective", spy)
-    return seen
-
-
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("passes", [1, 2])
 @pytest.mark.parametrize("layout", ["contiguous", "transposed"])
-def test_a_refilled_bucket_of_several_gradients_is_reduced_from_where_they_lie(rt, layout, passes, into_the_window):
+def test_a_refilled_bucket_of_several_gradients_is_reduced_from_where_they_lie(rt, layout, passes):
     """After backward, a refilled bucket of several fresh gradients (one parameter without a gradient among them)
     is reduced from them straight into the bucket's views -- one grouped allreduce, no packing copy -- and equals
-    one process; a gradient that is not contiguous makes the bucket packed as before, with the same result."""
-    from ringtrain import state
+    one process; a gradient that is not contiguous makes the bucket packed as before, with the same result. (How
+    the transport reads the group is test_grouped_express's: in a long job the engine's name cache may be full,
+    and a new optimizer's buckets then take the general path, which packs.)"""
     transposed = layout == "transposed"
     data = [[(x[:, :6].contiguous(), y) for x, y in step] for step in batches(rt.size(), passes)]
     model = LargeTogether(transposed)
@@ -239,8 +223,6 @@ def test_a_refilled_bucket_of_several_gradients_is_reduced_from_where_they_lie(r
     (bucket,) = hooks.reducer.buckets
     assert all(p.grad is view for p, view in zip(bucket.keys, bucket.views))
     assert len(packed) == (STEPS if transposed else 0), packed
-    if not transposed and into_the_window and state.engine().watchdog.core_per_rank:
-        assert (True, True) in into_the_window, into_the_window
 
 
 @pytest.mark.mpi(min_size=2)
