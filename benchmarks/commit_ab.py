@@ -10,6 +10,8 @@ falls on both equally, and prints one table of medians over jobs with the new/ol
         --out benchmarks/results --prefix engine_ab -- --min-bytes 4096 --max-bytes 67108864
     python benchmarks/commit_ab.py --old d1cbbab --new HEAD --bench train --jobs 2 \\
         --out benchmarks/results --prefix engine_ab -- --max-ranks 2 --rounds 2
+    python benchmarks/commit_ab.py --old d1cbbab --new HEAD --bench step_breakdown --ranks 2 --jobs 3 \\
+        --out benchmarks/results --prefix mlp_ab -- --model mlp --modes lockstep,after-backward --rounds 5
 
 Arguments after `--` go to the benchmark script unchanged. Every job's JSON and text output is kept under --out as
 <prefix>_<bench>_<ranks>ranks_<old|new>_j<k>.{json,txt}; the summary goes to <prefix>_<bench>_<ranks>ranks_summary.txt.
@@ -25,7 +27,9 @@ import sys
 import tempfile
 import time
 
-BENCH_SCRIPTS = {"allreduce": "benchmarks/allreduce.py", "train": "benchmarks/train_scaling.py"}
+BENCH_SCRIPTS = {"allreduce": "benchmarks/allreduce.py", "train": "benchmarks/train_scaling.py",
+                 "step_breakdown": "benchmarks/step_breakdown.py"}
+MPI_BENCHES = ("allreduce", "step_breakdown")          # launched with mpiexec -n --ranks
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -51,7 +55,7 @@ def shown_command(cmd):
 
 def run_job(checkout, bench, ranks, extra, json_path, text_path, timeout):
     script = BENCH_SCRIPTS[bench]
-    if bench == "allreduce":
+    if bench in MPI_BENCHES:
         cmd = ["mpiexec", "-n", str(ranks), sys.executable, script, "--json", json_path, *extra]
     else:
         cmd = [sys.executable, script, "--json", json_path, *extra]
@@ -94,6 +98,19 @@ def train_rows(document):
     return rows, sum(not r["params_in_sync"] for r in records)
 
 
+def step_rows(document):
+    """(model, mode, figure) -> ms per step of the step account (step, fwd+bwd, after_last), and each mode's
+    x lockstep (lockstep's step time over the mode's, in the same job)."""
+    model, summary = document["model"], document["summary"]
+    rows = {(model, mode, figure): s[figure] for mode, s in summary.items()
+            for figure in ("step_wall", "fwd_bwd", "after_last") if s.get(figure) is not None}
+    base = summary.get("lockstep")
+    if base is not None:
+        rows.update({(model, mode, "x lockstep"): base["step_wall"] / s["step_wall"]
+                     for mode, s in summary.items() if mode != "lockstep"})
+    return rows, 0
+
+
 def summarize(bench, jobs_by_arm):
     """One table: per row each arm's median and best over its jobs, new/old of both, and each arm's spread.
 
@@ -101,8 +118,10 @@ def summarize(bench, jobs_by_arm):
     the medians show what a user would see on the same machine. MPI_Allreduce (allreduce) and no-comm/lockstep
     (train) are the same code in both arms: their new/old is the noise floor of the run.
     """
-    parse = allreduce_rows if bench == "allreduce" else train_rows
-    better = min if bench == "allreduce" else max
+    parse = {"allreduce": allreduce_rows, "train": train_rows, "step_breakdown": step_rows}[bench]
+    # the better of two figures: times lower (allreduce, the step account's ms), rates and ratios higher
+    better = {"allreduce": lambda key: min, "train": lambda key: max,
+              "step_breakdown": lambda key: max if key[-1] == "x lockstep" else min}[bench]
     tables = {arm: [] for arm in jobs_by_arm}
     wrong = 0
     for arm, paths in jobs_by_arm.items():
@@ -113,9 +132,12 @@ def summarize(bench, jobs_by_arm):
             wrong += bad
     keys = sorted(set.intersection(*(set(rows) for arm in tables for rows in tables[arm])),
                   key=lambda k: tuple(str(x).zfill(12) for x in k))
-    unit = "time in us" if bench == "allreduce" else "samples/s in total"
+    unit = {"allreduce": "time in us", "train": "samples/s in total",
+            "step_breakdown": "ms per step, and x lockstep"}[bench]
+    meaning = {"allreduce": "slower", "train": "faster",
+               "step_breakdown": "slower in ms, faster in x lockstep"}[bench]
     lines = ["# %d old and %d new jobs, %s; new/old > 1 means the new commit is %s; spread = worst/best job of an arm"
-             % (len(tables["old"]), len(tables["new"]), unit, "slower" if bench == "allreduce" else "faster"),
+             % (len(tables["old"]), len(tables["new"]), unit, meaning),
              "%-40s %10s %10s %8s %10s %10s %8s %7s %7s" % (
                  "row", "old med", "new med", "new/old", "old best", "new best", "new/old", "old spr", "new spr")]
     for key in keys:
@@ -124,7 +146,8 @@ def summarize(bench, jobs_by_arm):
         label = " ".join(str(x) for x in key)
         lines.append("%-40s %10.4g %10.4g %8.2f %10.4g %10.4g %8.2f %7.2f %7.2f" % (
             label, statistics.median(old), statistics.median(new), statistics.median(new) / statistics.median(old),
-            better(old), better(new), better(new) / better(old), max(old) / min(old), max(new) / min(new)))
+            better(key)(old), better(key)(new), better(key)(new) / better(key)(old), max(old) / min(old),
+            max(new) / min(new)))
     lines.append("# wrong results or parameters out of sync, all jobs: %d" % wrong)
     return "\n".join(lines)
 
@@ -134,7 +157,8 @@ def main():
     parser.add_argument("--old", required=True, help="the commit before the change")
     parser.add_argument("--new", default="HEAD", help="the commit with the change")
     parser.add_argument("--bench", choices=sorted(BENCH_SCRIPTS), required=True)
-    parser.add_argument("--ranks", type=int, default=2, help="mpiexec ranks (allreduce); a label only for train")
+    parser.add_argument("--ranks", type=int, default=2,
+                        help="mpiexec ranks (allreduce, step_breakdown); a label only for train")
     parser.add_argument("--jobs", type=int, default=2, help="jobs per arm")
     parser.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"))
     parser.add_argument("--prefix", default="commit_ab")
