@@ -22,6 +22,8 @@ A ringtrain mode may name variants, for same-run A/Bs of one setting (after-back
   :packed         as :copied for a refilled bucket of several gradients only (one gradient: reduced from it)
   :allhooks       after backward, every parameter keeps its hook (not one per bucket after the first step)
   :alone          after backward, every gradient of 1 MB or more travels alone (not in buckets of such gradients)
+  :paramhooks     after backward, the first step hooks every parameter itself (not its gradient accumulator): the
+                  removed hooks keep costing in every later backward
   :capped         after backward, buckets of such gradients hold up to bucket_cap_mb (25 MB), not up to the
                   fusion threshold (the shm window's 32 MB)
 No barrier between steps: each step has exactly one synchronisation point, as in training. Per step and rank:
@@ -192,6 +194,7 @@ VARIANTS = {
     "packed": ("reduce_into_buffer", "one"),                # only a refilled bucket of one gradient reduced from it
     "allhooks": ("one_hook_per_bucket", False),             # after backward every parameter keeps its hook
     "alone": ("large_alone", True),                         # after backward every large gradient alone
+    "paramhooks": ("node_hooks_first_step", False),         # after backward, step 1 hooks the parameters
     "capped": ("large_bucket_bytes", None),                 # after backward large buckets up to bucket_cap_mb
 }
 
@@ -252,6 +255,9 @@ def build(mode, args):
             optimizer._ringtrain.restart()          # the plan again, with that cap
         if settings(mode).get("one_hook_per_bucket") is False:
             optimizer._ringtrain.hook_one_parameter_per_bucket = lambda: None
+        if settings(mode).get("node_hooks_first_step") is False:
+            optimizer._ringtrain.node_hooks_first_step = False
+            optimizer._ringtrain.install_hooks()     # step 1's hooks on the parameters themselves
     return model, optimizer
 
 

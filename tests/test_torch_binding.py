@@ -207,6 +207,9 @@ def test_after_backward_one_parameter_per_bucket_counts_the_passes_from_the_seco
     model(x).sum().backward()
     opt.step()
     assert len(hooks.hooks) == 1 and hooks.counted == {buckets[0].name: model[0].weight}
+    # step 1 counted on the gradient accumulators: no other parameter was ever hooked (a removed hook would still
+    # cost in every backward)
+    assert [p for p in model.parameters() if p._post_accumulate_grad_hooks is not None] == [model[0].weight]
     opt.zero_grad()
     model(x).sum().backward()
     assert len(buckets[0].arrivals) == 1
