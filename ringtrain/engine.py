@@ -274,7 +274,8 @@ class Engine:
         the result; a Handle
         when the cycle decided otherwise and the collective continues on the general path; None when it does not
         apply (something else in flight, a first sighting, a timeline being written) and nothing was done."""
-        if self.requests or self.join_handle is not None or self.executor.timeline is not None:
+        timeline = self.executor.timeline
+        if self.requests or self.join_handle is not None or (timeline is not None and not timeline.closed):
             return None
         lock = self._progress_lock
         if not lock.acquire(blocking=False):

@@ -197,3 +197,21 @@ def test_ranks_with_and_without_their_array_in_the_window_take_one_path(monkeypa
         rt.allreduce(mine, op=rt.Sum, name="express.mixed", out=mine)
         np.testing.assert_array_equal(mine, sum(x), err_msg=f"call {call}")
     assert not state.engine().requests
+
+
+def test_a_stopped_timeline_leaves_the_express_path_open(outcomes, tmp_path):
+    """While a rank writes a timeline its calls go through the engine's thread (which records their phases); once
+    stop_timeline() closed it, synchronous allreduces take the express path again."""
+    path = rt.broadcast_object(str(tmp_path / "trace.json"), root_rank=0)
+    x = inputs(100, 5)
+    want = sum(x)
+    rt.start_timeline(path)
+    for call in range(5):
+        np.testing.assert_array_equal(rt.allreduce(x[rt.rank()], op=rt.Sum, name="express.traced"), want)
+    if state.engine().timeline is not None:     # rank 0 writes the trace (the others only with ALL_RANKS)
+        assert not [kind for name, kind in outcomes if name == "express.traced"], outcomes
+    rt.stop_timeline()
+    for call in range(10):
+        np.testing.assert_array_equal(rt.allreduce(x[rt.rank()], op=rt.Sum, name="express.traced"), want)
+    kinds = [kind for name, kind in outcomes if name == "express.traced"]
+    assert {"eager", "agreed"} & set(kinds), kinds
