@@ -225,16 +225,22 @@ def test_after_backward_one_parameter_per_bucket_counts_the_passes_from_the_seco
         opt.step()
 
 
+def _train_until_gradients_are_views(opt, model):
+    """Two steps after backward: the buckets' gradients are views from then on. Returns the input used."""
+    x = torch.ones(2, 5, dtype=torch.float64)
+    for _ in range(2):
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+    return x
+
+
 def test_zero_grad_clears_parameters_outside_the_buckets(rt):
     # frozen when the optimizer was built (never communicated), trained later: torch's zero_grad still clears it
     model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 2)).double()
     model[0].requires_grad_(False)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), overlap=False)
-    x = torch.ones(2, 5, dtype=torch.float64)
-    for _ in range(2):
-        opt.zero_grad()
-        model(x).sum().backward()
-        opt.step()                           # the buckets' gradients are views from here on
+    x = _train_until_gradients_are_views(opt, model)
     model[0].requires_grad_(True)
     model(x).sum().backward()
     assert model[0].weight.grad is not None
@@ -248,11 +254,7 @@ def test_zero_grad_clears_parameters_added_to_the_optimizer_later(rt):
     model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 2)).double()
     extra, another = torch.nn.Linear(5, 3).double(), torch.nn.Linear(5, 3).double()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), overlap=False)
-    x = torch.ones(2, 5, dtype=torch.float64)
-    for _ in range(2):
-        opt.zero_grad()
-        model(x).sum().backward()
-        opt.step()                           # the buckets' gradients are views from here on
+    x = _train_until_gradients_are_views(opt, model)
     opt.add_param_group({"params": list(extra.parameters())})
     extra(x).sum().backward()
     opt.zero_grad()
