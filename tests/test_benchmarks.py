@@ -212,6 +212,21 @@ def test_step_breakdown_quick(tmp_path):
     assert "ringtrain's time per step by bucket phase" in stdout
 
 
+def test_gradient_views_floor_quick(tmp_path):
+    """Both loops run, every phase is timed, and gradients kept as views train the same parameters as torch's own
+    loop (the benchmark compares them)."""
+    pytest.importorskip("torch")
+    out_json = str(tmp_path / "floor.json")
+    run_script([sys.executable, os.path.join(BENCH_DIR, "gradient_views_floor.py"), "--steps", "3",
+                "--json", out_json], timeout=120)
+    with open(out_json) as f:
+        result = json.load(f)
+    assert result["same_parameters"] and result["tensors"] == 402
+    for name in ("steal", "views"):
+        assert set(result["summary"][name]) == {"zero", "fwd+bwd", "step", "total"}
+        assert all(v["p25"] > 0 for v in result["summary"][name].values())
+
+
 def test_train_scaling_reports_the_median_round_and_the_targets():
     rounds = [{"mode": "ringtrain", "ranks": 2, "samples_per_s_per_rank": v, "hidden_share": h, "params_in_sync": ok}
               for v, h, ok in ((300.0, 0.5, True), (100.0, None, True), (200.0, 0.7, False))]
