@@ -138,8 +138,11 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
         return self._data[self.rank][start: start + int(nbytes)]
 
     def holds(self, buf):
-        start = self._start(buf)
-        return 0 <= start and start + buf.nbytes <= self._region_bytes
+        return self._in_region(self._start(buf), buf.nbytes)
+
+    def _in_region(self, start, nbytes):
+        """True when nbytes from byte `start` of our region (see _start) lie wholly inside it."""
+        return 0 <= start and start + nbytes <= self._region_bytes
 
     def _start(self, buf):
         """Where buf's memory starts, in bytes from the start of our region (negative or past it: elsewhere)."""
@@ -153,7 +156,7 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
         if buf.size == 0 or isinstance(buf, Segments):
             return None
         start = self._start(buf)
-        if 0 <= start and start + buf.nbytes <= self._region_bytes:
+        if self._in_region(start, buf.nbytes):
             if not buf.flags.c_contiguous:
                 raise ValueError(f"rank {self.rank}: shm buffers must be contiguous")
             self._last_in_region = (buf, start)     # window memory: holding on to it keeps nothing else alive
@@ -268,7 +271,7 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
         """The flat array of our region that segments' arrays are, back to back; None unless they are exactly that."""
         arrays = [(start, a) for start, a in zip(segments.starts, segments.arrays) if a.size]
         begin = self._start(arrays[0][1]) - arrays[0][0] * segments.itemsize
-        if begin < 0 or begin + segments.nbytes > self._region_bytes or any(
+        if not self._in_region(begin, segments.nbytes) or any(
                 self._start(a) != begin + start * segments.itemsize for start, a in arrays):
             return None
         return self._data[self.rank][begin: begin + segments.nbytes].view(segments.dtype)
