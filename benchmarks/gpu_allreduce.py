@@ -37,7 +37,7 @@ def main():
         print(f"# {n} rank(s), one GPU each or shared: {cp.cuda.runtime.getDeviceProperties(gpu.bound_device())['name'].decode()}")
         print(f"{'transport':<16}{'size':>12}{'count':>12}{'dtype':>8}{'op':>5}{'time_us':>11}{'algbw':>9}{'busbw':>9}{'#wrong':>8}")
     for name in args.transports.split(","):
-        t = transport_class(name)(comm.Dup(), Config(), Watchdog())
+        t = transport_class(name)(comm.Dup(), Config.from_env(), Watchdog())
         for nbytes in sizes:
             count = nbytes // 4
             buf = t.staging_buffer(count * 4).view(cp.float32)

@@ -18,6 +18,7 @@ class Config:
                                        # evicted first (Horovod's HOROVOD_CACHE_CAPACITY); 0 = no cache
     stall_warning_s: float = 30.0
     stall_timeout_s: float = 120.0
+    gpu_spin_us: float = 200.0         # GPU transports poll their stream this long before sleeping in a sync
     peer_check_s: float = 0.5          # how often blocked waits look whether a peer process died
     timeline: str = ""                 # Chrome-trace file path
     timeline_all_ranks: bool = False

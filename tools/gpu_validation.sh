@@ -32,7 +32,7 @@ step() {
     grep -E "passed|failed|error|Error|SKIPPED|skipped|accuracy|wrong" "$out/$log" | tail -n 4
 }
 
-echo "== $(date -u '+%F %T') UTC, commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(nproc) cores"
+echo "== $(date -u '+%F %T') UTC, commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(nproc --all) cores"
 nvidia-smi -L 2>&1 | head -2
 python - <<'EOF'
 import importlib, sys
@@ -59,8 +59,10 @@ for n in 2 3; do
 done
 step train.log 90 "${mpi[@]}" -n 2 python examples/gpu_train.py --epochs 2
 step train.log 60 "${mpi[@]}" -n 2 python examples/gpu_train.py --epochs 1 --fp16-allreduce
-step bench.log 90 "${mpi[@]}" -n 2 python benchmarks/gpu_allreduce.py --transports cuda_ipc,mpi_staged \
-    --sizes 4K,64K,1M,16M,64M
+for spin_us in 0 200; do         # a sync that sleeps at once against one that polls first, in the same run
+    step bench.log 60 env RINGTRAIN_GPU_SPIN_US=$spin_us "${mpi[@]}" -n 2 python benchmarks/gpu_allreduce.py \
+        --transports cuda_ipc,mpi_staged --sizes 4K,64K,1M,16M,64M
+done
 step bench.log 45 python benchmarks/gpu_allreduce.py --transports nccl,nccl_allreduce --sizes 4K,1M,16M,64M
 for model in convnet resnet18 mlp; do
     step account.log 110 "${mpi[@]}" -n 2 python benchmarks/step_breakdown.py --model $model --rounds 5 \

@@ -12,7 +12,7 @@ Allreduce over blocks (block r belongs to rank r):
   2. reduce-scatter: rank r reduces its block r, reading block r of every peer's window with our kernel;
   3. sync; allgather: rank r copies block p from owner p's window, all blocks in one batched launch;
   4. sync, so no peer still reads our window when the next collective overwrites it.
-A "sync" is: this rank's comm stream drained (a blocking-sync event), then a flag barrier in node-shared host
+A "sync" is: this rank's comm stream drained (gpu.drain: polled, then a blocking-sync event), then a flag barrier in node-shared host
 memory (flag_barrier.FlagBarrier: a sequence number per rank, polled through the Watchdog; no MPI call, and a
 missing rank is named after stall_timeout_s). MPI_Ibarrier cost about 0.85 ms per call for the three syncs on
 an H100 host; a flag write is visible to a polling peer within a microsecond. Each step only reads memory that no
@@ -47,6 +47,7 @@ class CudaIPCTransport(Transport):
         self._peer_ptrs = []
         self._flags = FlagBarrier.on_node(comm, watchdog, config.stall_timeout_s, "cuda_ipc") if self.size > 1 else None
         self._closed = False
+        self._spin_s = config.gpu_spin_us * 1e-6
 
     # ---- the window ----------------------------------------------------------------------------------------
     def _ensure_window(self, nbytes, agreed):
@@ -106,11 +107,8 @@ class CudaIPCTransport(Transport):
 
     # ---- synchronisation -----------------------------------------------------------------------------------
     def _sync(self, what):
-        # Only this process's own kernels are on the stream (no GPU-side waits on peers), so it always drains:
-        # a blocking-sync event sleeps until then without spinning or the Watchdog's polling delay.
-        event = cupy.cuda.Event(block=True, disable_timing=True)
-        event.record(self._stream)
-        event.synchronize()
+        # Only this process's own kernels are on the stream (no GPU-side waits on peers), so it always drains.
+        gpu.drain(self._stream, self._spin_s)
         if self._flags is not None:
             self._flags.arrive(what)
 

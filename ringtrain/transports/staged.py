@@ -24,6 +24,7 @@ class HostStagedTransport(Transport):
         super().__init__(comm, config, watchdog)
         self._host = MPITransport(comm, config, watchdog)   # owns (and frees) comm
         self._stream = gpu.enter_comm_stream()
+        self._spin_s = config.gpu_spin_us * 1e-6
         self._staging = gpu.GrowingBuffer()
         self._pinned = None
 
@@ -51,10 +52,8 @@ class HostStagedTransport(Transport):
         self._drain("host-to-device copy")
 
     def _drain(self, what):
-        # local copies only: the stream always drains, so sleep in a blocking-sync event instead of polling
-        event = cupy.cuda.Event(block=True, disable_timing=True)
-        event.record(self._stream)
-        event.synchronize()
+        # local copies only: the stream always drains
+        gpu.drain(self._stream, self._spin_s)
 
     def allreduce(self, buf, op):
         host = self._to_host(buf)
