@@ -643,6 +643,12 @@ MUTANTS = [
            "            if False:",
            (Tests((ELASTIC,), select="blacklisted_for_good"),),
            "below --min-np with every host blacklisted for good, the driver waits out --elastic-timeout for nothing"),
+    Mutant("elastic_keras_commit_count_kept_across_worlds", "ringtrain/elastic/keras_state.py",
+           "        state.register_reset_callbacks([self._restart_count])\n",
+           "",
+           (Tests((ELASTIC,), select="keras_fit_sigkilled"),),
+           "Horovod's CommitStateCallback: after a re-form each survivor keeps the batch count it stopped at, so "
+           "survivors that failed in different batches commit at different batches and the job stalls"),
     Mutant("elastic_sampler_records_only_its_own_batch", "ringtrain/elastic/sampler.py",
            "self.get_indices(batch_idx, batch_size, all_ranks=True)",
            "self.get_indices(batch_idx, batch_size)",

@@ -80,13 +80,23 @@ KerasState = TensorFlowKerasState
 
 
 class CommitStateCallback(_RingtrainCallback):
-    """state.commit() every `batches_per_commit` batches (and so check_host_updates())."""
+    """state.commit() every `batches_per_commit` batches (and so check_host_updates()).
+
+    The count of batches since the last commit goes back with the state: whenever the world changes it starts
+    again from a full period, on every rank. The survivors of a failed world stopped at different points (one in
+    the last batch's allreduce, another after that batch or inside the commit), so the counts they held differ;
+    kept, they would commit at different batches of the next world, where one rank's commit (a collective) would
+    meet the other's gradient allreduce."""
 
     def __init__(self, state, batches_per_commit=1):
         super().__init__()
         self.state = state
         self.batches_per_commit = batches_per_commit
         self.batches_remaining = batches_per_commit
+        state.register_reset_callbacks([self._restart_count])
+
+    def _restart_count(self):
+        self.batches_remaining = self.batches_per_commit
 
     def on_batch_end(self, batch, logs=None):
         self.batches_remaining -= 1

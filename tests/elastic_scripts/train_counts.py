@@ -6,6 +6,7 @@ Environment (set by tests/test_elastic.py):
   FAIL_AT_START_ON_HOST=h  exit 3 at once on host h (the blacklist case)
   KILL_RANK=r KILL_STEP=s  in the first world, rank r SIGKILLs itself as step s begins (commits follow odd steps,
                            so with s odd the survivors hold one uncommitted step that the roll-back must undo)
+  LATE_RANK=r              with KILL_*: rank r fails right after its step s-1, before recording it (late_failure.py)
   GROW_HOSTS_FILE=f        in the first world, rank 0 adds a slot to the discovery file f at step GROW_STEP and
                            every rank keeps committing until the new worker has joined
 Lines: "rank r: START size=n digest=d" each time train() starts (after sync), "rank r: RESET live=d committed=d"
@@ -24,6 +25,7 @@ if os.environ.get("FAIL_AT_START_ON_HOST") and os.environ.get("RINGTRAIN_ELASTIC
 import torch  # noqa: E402
 
 import ringtrain.torch as hvd  # noqa: E402
+from late_failure import fail_with_the_world  # noqa: E402
 
 torch.set_num_threads(1)
 N, BATCH = int(os.environ.get("SAMPLES", "96")), 4
@@ -112,6 +114,9 @@ def train(state):
                 say(f"KILLED at {time.time():.3f}")
                 os.kill(os.getpid(), 9)
             step(state.sampler.get_indices(batch, BATCH))
+            if (in_first_world and str(hvd.rank()) == os.environ.get("LATE_RANK")
+                    and batch == int(os.environ["KILL_STEP"]) - 1):
+                fail_with_the_world()
             state.sampler.record_batch(batch, BATCH)
             state.step += 1
             time.sleep(STEP_SLEEP_S)

@@ -1,7 +1,8 @@
 """The elastic Keras job of tests/test_elastic.py: model.fit with KerasState and the elastic callbacks. As in
 train_counts.py, weight `counts[i]` (a bias-free Dense kernel) gains exactly 1 each time sample i is trained in the
 committed trajectory (loss -sum(counts . onehot), summed; SGD lr 1; op Sum), so counts == 1 after the epoch iff
-every sample was trained once. Same environment switches and output lines as train_counts.py."""
+every sample was trained once. Same environment switches and output lines as train_counts.py; LATE_RANK fails
+before the end callbacks of batch KILL_STEP-1 (so before that batch is counted towards the next commit)."""
 import hashlib
 import os
 import time
@@ -11,6 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 import ringtrain.keras as hvd
+from late_failure import fail_with_the_world
 
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -75,6 +77,11 @@ class Faults(keras.callbacks.Callback):
                 last_commit["digest"] = digest()
                 state.commit()
             raise RuntimeError("the new worker never joined")
+
+    def on_batch_end(self, batch, logs=None):          # first in the list: before the batch's other callbacks
+        if (hvd.size() == state.first_size and state.step < 1000 and str(hvd.rank()) == os.environ.get("LATE_RANK")
+                and batch == int(os.environ["KILL_STEP"]) - 1):
+            fail_with_the_world()
 
 
 def batches():
