@@ -176,6 +176,8 @@ def test_keras_fit_sigkilled_worker_survivors_roll_back_and_finish():
 
 @keras_only
 def test_keras_fit_worker_added_by_discovery_joins_and_gets_the_state(tmp_path):
+    # CommitStateCallback's commit raises the interrupt: after the join the survivors and the new worker (whose
+    # callback is fresh) must count batches alike, or their next commits meet gradient allreduces
     script, hosts_file = _discovery_script(tmp_path, "localhost:2\n")
     job = run_elastic("-np", "2", "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(script),
                       script="train_keras.py", GROW_HOSTS_FILE=hosts_file, GROW_STEP=2)

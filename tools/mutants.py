@@ -646,9 +646,10 @@ MUTANTS = [
     Mutant("elastic_keras_commit_count_kept_across_worlds", "ringtrain/elastic/keras_state.py",
            "        state.register_reset_callbacks([self._restart_count])\n",
            "",
-           (Tests((ELASTIC,), select="keras_fit_sigkilled"),),
+           (Tests((ELASTIC,), select="keras_fit_sigkilled"), Tests((ELASTIC,), select="keras_fit_worker_added")),
            "Horovod's CommitStateCallback: after a re-form each survivor keeps the batch count it stopped at, so "
-           "survivors that failed in different batches commit at different batches and the job stalls"),
+           "survivors that failed in different batches (or a joiner, which starts afresh) commit at different "
+           "batches and the job stalls"),
     Mutant("elastic_sampler_records_only_its_own_batch", "ringtrain/elastic/sampler.py",
            "self.get_indices(batch_idx, batch_size, all_ranks=True)",
            "self.get_indices(batch_idx, batch_size)",

@@ -1,8 +1,10 @@
 """The elastic Keras job of tests/test_elastic.py: model.fit with KerasState and the elastic callbacks. As in
 train_counts.py, weight `counts[i]` (a bias-free Dense kernel) gains exactly 1 each time sample i is trained in the
 committed trajectory (loss -sum(counts . onehot), summed; SGD lr 1; op Sum), so counts == 1 after the epoch iff
-every sample was trained once. Same environment switches and output lines as train_counts.py; LATE_RANK fails
-before the end callbacks of batch KILL_STEP-1 (so before that batch is counted towards the next commit)."""
+every sample was trained once. Same environment switches and output lines as train_counts.py, except: LATE_RANK
+fails before the end callbacks of batch KILL_STEP-1 (so before that batch is counted towards the next commit), and
+with GROW_HOSTS_FILE every rank waits at batch GROW_STEP until it has heard of the new worker, so that
+CommitStateCallback's next commit raises HostsUpdatedInterrupt (on every rank at the same batch)."""
 import hashlib
 import os
 import time
@@ -12,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 import ringtrain.keras as hvd
+from ringtrain.elastic import worker as elastic_worker
 from late_failure import fail_with_the_world
 
 tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -72,16 +75,21 @@ class Faults(keras.callbacks.Callback):
             if hvd.rank() == 0:
                 with open(os.environ["GROW_HOSTS_FILE"], "a") as f:
                     f.write("localhost:1\n")
-            for _ in range(300):            # every rank commits until the new worker is in
-                time.sleep(0.1)
-                last_commit["digest"] = digest()
-                state.commit()
-            raise RuntimeError("the new worker never joined")
+            wait_for_news_of_the_new_worker()   # then CommitStateCallback's next commit raises HostsUpdatedInterrupt
 
     def on_batch_end(self, batch, logs=None):          # first in the list: before the batch's other callbacks
         if (hvd.size() == state.first_size and state.step < 1000 and str(hvd.rank()) == os.environ.get("LATE_RANK")
                 and batch == int(os.environ["KILL_STEP"]) - 1):
             fail_with_the_world()
+
+
+def wait_for_news_of_the_new_worker():
+    """Until the driver has told this rank that a worker is ready to join (what the next commit's check acts on)."""
+    for _ in range(600):
+        if not elastic_worker.client().host_updates.empty():
+            return
+        time.sleep(0.1)
+    raise RuntimeError("the new worker was never announced")
 
 
 def batches():
