@@ -26,6 +26,7 @@ A ringtrain mode may name variants, for same-run A/Bs of one setting (after-back
                   removed hooks keep costing in every later backward
   :capped         after backward, buckets of such gradients hold up to bucket_cap_mb (25 MB), not up to the
                   fusion threshold (the shm window's 32 MB)
+  :bucketorder    after backward, step() reduces the buckets in bucket order (not the last first)
 No barrier between steps: each step has exactly one synchronisation point, as in training. Per step and rank:
   fwd+bwd         zero_grad + forward + backward (wall; cpu = this thread's CPU time, which excludes time the OS
                   gave to other processes, so cpu < wall means the rank was descheduled)
@@ -196,6 +197,7 @@ VARIANTS = {
     "alone": ("large_alone", True),                         # after backward every large gradient alone
     "paramhooks": ("node_hooks_first_step", False),         # after backward, step 1 hooks the parameters
     "capped": ("large_bucket_bytes", None),                 # after backward large buckets up to bucket_cap_mb
+    "bucketorder": ("last_ready_first", False),             # after backward buckets reduced in bucket order
 }
 
 
@@ -253,6 +255,10 @@ def build(mode, args):
         if "large_bucket_bytes" in settings(mode):
             optimizer._ringtrain.reducer.large_bucket_bytes = settings(mode)["large_bucket_bytes"]
             optimizer._ringtrain.restart()          # the plan again, with that cap
+        if settings(mode).get("last_ready_first") is False:
+            owner = optimizer._ringtrain.reducer
+            in_order = owner.submit_remaining
+            owner.submit_remaining = lambda submit_bucket, last_ready_first=False: in_order(submit_bucket)
         if settings(mode).get("one_hook_per_bucket") is False:
             optimizer._ringtrain.hook_one_parameter_per_bucket = lambda: None
         if settings(mode).get("node_hooks_first_step") is False:

@@ -28,7 +28,8 @@ The interface, in the order a training step uses it:
   grouped allreduce, both named `bucket.name` with the reducer's op and scale factors (prescaled=True: the binding
   multiplied by the prescale factor while packing). sync=True runs it on the caller's thread. `done(result)` runs
   when the bucket is waited for (copy back, decompress). `track(bucket, handle, done)` adds any other handle
-  (sparse gradients) to the bucket. `submit_remaining(fn)` calls fn(bucket) for every bucket not yet submitted.
+  (sparse gradients) to the bucket. `submit_remaining(fn, last_ready_first=False)` calls fn(bucket) for every bucket
+  not yet submitted, in bucket order or its reverse.
 - Completion: `reducer.wait()` waits for every submitted bucket in bucket order (the same on every rank) and runs
   their `done`; `drain()` waits ignoring errors; `reset_step()` forgets arrivals and pending work (after a step, a
   zero_grad, a failure). `state` is `StepState.OPEN` until `mark_synchronized()`.
@@ -380,10 +381,12 @@ class Reducer:
         """Wait for `handle` (anything with wait()) with the bucket: done(handle.wait()) runs then."""
         self.pending.setdefault(bucket.index, []).append(Pending(handle, done))
 
-    def submit_remaining(self, submit_bucket):
+    def submit_remaining(self, submit_bucket, last_ready_first=False):
         """Call submit_bucket(bucket) for every bucket not submitted this step, in bucket order (the same on every
-        rank, so leftovers -- unused members, a step() after fewer passes -- go out deterministically)."""
-        for bucket in self.buckets:
+        rank, so leftovers -- unused members, a step() after fewer passes -- go out deterministically), or in the
+        reverse order with last_ready_first (after backward: buckets fill in expected ready order, so the last
+        holds the gradients backward wrote last, the likeliest still in the cache)."""
+        for bucket in (reversed(self.buckets) if last_ready_first else self.buckets):
             if bucket.index not in self.pending:
                 submit_bucket(bucket)
 

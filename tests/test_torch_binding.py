@@ -311,5 +311,24 @@ def test_after_backward_large_gradients_share_buckets_up_to_the_fusion_threshold
         assert len(small) >= 2 and max(small) <= 2 << 20, small
 
 
+def test_after_backward_the_last_ready_bucket_is_reduced_first(rt):
+    """After backward, step() reduces the buckets in reverse order: they fill in expected ready order, so the last
+    holds the gradients backward wrote last, the likeliest still in the cache."""
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)])
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), overlap=False, bucket_cap_mb=0.02,
+                                   first_bucket_mb=0.02)
+    hooks = opt._ringtrain
+    submitted = []
+    real_submit = hooks.submit
+    hooks.submit = lambda bucket, sync: submitted.append(bucket.index) or real_submit(bucket, sync)
+    for step in range(3):
+        submitted.clear()
+        opt.zero_grad()
+        model(torch.ones(2, 64)).sum().backward()
+        opt.step()
+        assert submitted == list(range(len(hooks.reducer.buckets)))[::-1], (step, submitted)
+    assert len(submitted) >= 3
+
+
 def test_device_is_cpu_without_gpu(rt):
     assert hvd.device() == torch.device("cpu")

@@ -407,7 +407,10 @@ class GradientHooks:
             reducer.reset_step()
             raise
         try:
-            reducer.submit_remaining(functools.partial(self.submit, sync=not reducer.overlap))
+            # after backward in reverse bucket order: buckets fill in expected ready order, so the last holds the
+            # gradients backward wrote last, the likeliest still in the cache
+            reducer.submit_remaining(functools.partial(self.submit, sync=not reducer.overlap),
+                                     last_ready_first=not reducer.overlap)
             with torch.no_grad():
                 reducer.wait()
             if reducer.phase is Phase.LEARNING_ORDER:
