@@ -1,0 +1,114 @@
+"""Would one result buffer shared by the ranks pay, against each rank's own result? A prototype at the transport
+level for the refilled gradient bucket: fresh private gradients reduced into a bucket of the shm window.
+
+    mpiexec -n 2 python benchmarks/shm_shared_result.py --out benchmarks/results/shm_shared_result.txt
+
+Arms, per size and repetition back to back in alternating order, each followed by an SGD-with-momentum update that
+reads the result (as the optimizer would read .grad):
+  own            allreduce_out(src, dst): dst this rank's bucket; the blocks peers read are copied into it, each
+                 rank reduces its block and pushes it into every rank's bucket (in one piece)
+  shared         each rank copies the blocks peers read into its region, reduces its block into ONE buffer (rank
+                 0's) and pushes nothing; every rank's update reads that buffer. Per rank that saves the push (half
+                 the data written), but every rank's optimizer then reads memory that half of is written by the
+                 other core, as with own. Not race-free as a .grad (see the docs): a prototype only.
+Prints the median ms (slowest rank) of the reduction and of reduction + update, and each arm / own.
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from common import format_table, machine_info, source_commit
+from ringtrain.config import Config
+from ringtrain.ops import ReduceOp
+from ringtrain.transports.base import even_counts, offsets
+from ringtrain.transports.shm import SharedMemoryTransport
+from ringtrain.watchdog import Watchdog
+
+ARMS = ("own", "shared")
+
+
+def shared_allreduce(t, src, result, counts):
+    """src summed over the ranks and divided by their number, into `result`, a buffer every rank can address."""
+    r, n, starts = t.rank, t.size, offsets(counts)
+    stage = t._data[r][:src.nbytes].view(src.dtype)
+    for q in range(n):
+        if q != r:
+            stage[starts[q]: starts[q] + counts[q]] = src[starts[q]: starts[q] + counts[q]]
+    t._barrier("ready")
+    peers = [t._data[q][:src.nbytes].view(src.dtype) for q in range(n) if q != r]
+    piece = t.cache_piece_bytes // src.itemsize
+    for lo in range(starts[r], starts[r] + counts[r], piece):
+        hi = min(lo + piece, starts[r] + counts[r])
+        acc = result[lo:hi]
+        np.add(src[lo:hi], peers[0][lo:hi], out=acc)
+        for other in peers[1:]:
+            np.add(acc, other[lo:hi], out=acc)
+        acc *= 1.0 / n
+    t._barrier("done")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes-mb", default="7.9,25.4,31.5")
+    parser.add_argument("--reps", type=int, default=25)
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    comm = MPI.COMM_WORLD
+    load_before = os.getloadavg()[0]
+    t = SharedMemoryTransport(comm.Dup(), Config(), Watchdog())
+    rows = []
+    for mb in [float(s) for s in args.sizes_mb.split(",")]:
+        count = int(mb * (1 << 20)) // 4
+        src = np.empty(count, dtype=np.float32)
+        own = t.shared_array(count * 4).view(np.float32)
+        mine = t.shared_array(count * 4)          # at the same offset on every rank: rank 0's is THE result
+        start = t._start(mine)
+        shared = t._data[0][start: start + count * 4].view(np.float32)
+        param, momentum = torch.zeros(count), torch.zeros(count)
+        reduce_s = {arm: [] for arm in ARMS}
+        step_s = {arm: [] for arm in ARMS}
+        for rep in range(args.reps):
+            for arm in (ARMS if rep % 2 == 0 else ARMS[::-1]):
+                comm.Barrier()
+                src.fill(comm.rank + 1.0)
+                begin = time.perf_counter()
+                if arm == "shared":
+                    shared_allreduce(t, src, shared, even_counts(count, comm.size))
+                    result = shared
+                else:
+                    t.allreduce_out(src, own, ReduceOp.SUM, 1.0 / comm.size)
+                    result = own
+                reduced = time.perf_counter()
+                momentum.mul_(0.9).add_(torch.from_numpy(result))
+                param.add_(momentum, alpha=-0.01)
+                reduce_s[arm].append(reduced - begin)
+                step_s[arm].append(time.perf_counter() - begin)
+                if rep == 0 and not np.all(result == (comm.size + 1) / 2):
+                    sys.exit(f"rank {comm.rank}: wrong result at {mb} MB, {arm}")
+        ms = comm.gather({arm: (float(np.median(reduce_s[arm])) * 1e3, float(np.median(step_s[arm])) * 1e3)
+                          for arm in ARMS})
+        if comm.rank == 0:
+            worst = {arm: [max(m[arm][i] for m in ms) for i in (0, 1)] for arm in ARMS}
+            rows.append([f"{mb:g} MB"] + [f"{worst[arm][i]:.2f} ({worst[arm][i] / worst['own'][i]:.3f})"
+                                          for i in (0, 1) for arm in ARMS])
+    if comm.rank == 0:
+        headers = ["size"] + [f"{what} {arm}" for what in ("reduce", "+ SGD") for arm in ARMS]
+        info = machine_info()
+        text = "\n".join([f"# {comm.size} ranks, {info['date']}, {info['cores']} cores {info['host_cpu']}, "
+                          f"commit {source_commit()}, load {load_before:.2f} -> {os.getloadavg()[0]:.2f}",
+                          format_table(headers, rows, title="fresh private float32 reduced into the shm window, "
+                                                            "median ms of the slowest rank (x own)")])
+        print(text)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(text + "\n")
+    t.close()
+
+
+if __name__ == "__main__":
+    main()
