@@ -354,6 +354,20 @@ def test_shm_chunk_sweep_quick(tmp_path):
     assert [line.split()[0] for line in table.splitlines()[3:]] == ["1", "3"], table
 
 
+def test_shm_shared_result_quick(tmp_path):
+    """Runs both arms on 2 ranks (each checks its result on the first repetition), writes its table."""
+    if mpiexec() is None:
+        pytest.skip("mpiexec not found")
+    out = str(tmp_path / "shared.txt")
+    stdout = run_script([mpiexec(), "-n", "2", sys.executable, os.path.join(BENCH_DIR, "shm_shared_result.py"),
+                         "--sizes-mb", "0.5,2", "--reps", "2", "--out", out], timeout=120)
+    with open(out) as f:
+        table = f.read()
+    assert table.strip() == stdout.strip()
+    assert "reduce shared" in table and "+ SGD own" in table
+    assert [line.split()[0] for line in table.splitlines()[3:]] == ["0.5", "2"], table
+
+
 def test_soak_quick(tmp_path):
     """benchmarks/soak.py in each mode, tiny: every line reports 0 wrong, ops/s and RSS, and the JSON matches it."""
     out_json = str(tmp_path / "soak.jsonl")
