@@ -340,30 +340,30 @@ def test_pretend_nodes_quick(tmp_path):
     assert "4 ranks as 2+2 pretend nodes" in stdout and "# total #wrong: 0" in stdout
 
 
-def test_shm_chunk_sweep_quick(tmp_path):
-    """Runs every chunk setting on 2 ranks, checks each result against MPI_Allreduce's, writes its table."""
+def _table_on_two_ranks(tmp_path, script, *args):
+    """Run a benchmark that prints its table and writes it to --out, on 2 ranks; the table (both the same)."""
     if mpiexec() is None:
         pytest.skip("mpiexec not found")
-    out = str(tmp_path / "sweep.txt")
-    stdout = run_script([mpiexec(), "-n", "2", sys.executable, os.path.join(BENCH_DIR, "shm_chunk_sweep.py"),
-                         "--sizes-mb", "1,3", "--chunks-mb", "1,4", "--reps", "2", "--out", out], timeout=120)
+    out = str(tmp_path / "table.txt")
+    stdout = run_script([mpiexec(), "-n", "2", sys.executable, os.path.join(BENCH_DIR, script), *args, "--out", out],
+                        timeout=120)
     with open(out) as f:
         table = f.read()
     assert table.strip() == stdout.strip()
+    return table
+
+
+def test_shm_chunk_sweep_quick(tmp_path):
+    """Runs every chunk setting on 2 ranks, checks each result against MPI_Allreduce's, writes its table."""
+    table = _table_on_two_ranks(tmp_path, "shm_chunk_sweep.py", "--sizes-mb", "1,3", "--chunks-mb", "1,4",
+                                "--reps", "2")
     assert "1 MB chunks ms (vs one)" in table and "4 MB chunks ms (vs one)" in table
     assert [line.split()[0] for line in table.splitlines()[3:]] == ["1", "3"], table
 
 
 def test_shm_shared_result_quick(tmp_path):
     """Runs both arms on 2 ranks (each checks its result on the first repetition), writes its table."""
-    if mpiexec() is None:
-        pytest.skip("mpiexec not found")
-    out = str(tmp_path / "shared.txt")
-    stdout = run_script([mpiexec(), "-n", "2", sys.executable, os.path.join(BENCH_DIR, "shm_shared_result.py"),
-                         "--sizes-mb", "0.5,2", "--reps", "2", "--out", out], timeout=120)
-    with open(out) as f:
-        table = f.read()
-    assert table.strip() == stdout.strip()
+    table = _table_on_two_ranks(tmp_path, "shm_shared_result.py", "--sizes-mb", "0.5,2", "--reps", "2")
     assert "reduce shared" in table and "+ SGD own" in table
     assert [line.split()[0] for line in table.splitlines()[3:]] == ["0.5", "2"], table
 
