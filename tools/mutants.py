@@ -655,6 +655,15 @@ MUTANTS = [
            "Horovod's CommitStateCallback: after a re-form each survivor keeps the batch count it stopped at, so "
            "survivors that failed in different batches (or a joiner, which starts afresh) commit at different "
            "batches and the job stalls"),
+    Mutant("elastic_sync_unites_the_sampler_records", "ringtrain/elastic/torch_state.py",
+           "        self.value.load_state_dict(collectives.broadcast_object(self.value.state_dict(), root_rank=0))\n",
+           "        state_dict = collectives.broadcast_object(self.value.state_dict(), root_rank=0)\n"
+           "        everyone = collectives.allgather_object(self.value.processed_indices)\n"
+           "        state_dict['processed_indices'] = set().union(*everyone)\n"
+           "        self.value.load_state_dict(state_dict)\n",
+           (Tests((ELASTIC,), select="different_commits"),),
+           "sync() hands out rank 0's parameters with every survivor's sampler record united: a survivor that saved "
+           "a later commit marks samples done that rank 0's parameters never trained"),
     Mutant("elastic_sampler_records_only_its_own_batch", "ringtrain/elastic/sampler.py",
            "self.get_indices(batch_idx, batch_size, all_ranks=True)",
            "self.get_indices(batch_idx, batch_size)",

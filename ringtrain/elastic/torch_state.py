@@ -50,12 +50,10 @@ class _OptimizerHandler(_ModelHandler):
 
 class _SamplerHandler(_ModelHandler):
     def sync(self):
-        # every rank records every rank's batches, so the sets agree; the union still covers a rank that recorded
-        # a batch the others had not yet when the world failed
-        everyone = collectives.allgather_object(self.value.processed_indices)
-        state_dict = collectives.broadcast_object(self.value.state_dict(), root_rank=0)
-        state_dict["processed_indices"] = set().union(*everyone)
-        self.value.load_state_dict(state_dict)
+        # rank 0's record, as its model and optimizer: after a roll-back the survivors may hold different commits
+        # (one saved a commit whose collective check then failed, another failed a step earlier), and only one
+        # rank's record matches the parameters everyone takes
+        self.value.load_state_dict(collectives.broadcast_object(self.value.state_dict(), root_rank=0))
 
     def reset(self):
         self.value.reset()

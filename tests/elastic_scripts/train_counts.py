@@ -6,7 +6,10 @@ Environment (set by tests/test_elastic.py):
   FAIL_AT_START_ON_HOST=h  exit 3 at once on host h (the blacklist case)
   KILL_RANK=r KILL_STEP=s  in the first world, rank r SIGKILLs itself as step s begins (commits follow odd steps,
                            so with s odd the survivors hold one uncommitted step that the roll-back must undo)
-  LATE_RANK=r              with KILL_*: rank r fails right after its step s-1, before recording it (late_failure.py)
+  KILL_AFTER_STEP=s        the same, but once step s returned on every rank (STEP_MARKS_DIR=d: an empty directory
+                           for the marks), before recording it (a commit follows odd s)
+  LATE_RANK=r              with KILL_*: rank r fails right after the killed rank's last whole step (s-1, or s with
+                           KILL_AFTER_STEP), before recording it (late_failure.py)
   GROW_HOSTS_FILE=f        in the first world, rank 0 adds a slot to the discovery file f at step GROW_STEP and
                            every rank keeps committing until the new worker has joined
 Lines: "rank r: START size=n digest=d" each time train() starts (after sync), "rank r: RESET live=d committed=d"
@@ -30,6 +33,8 @@ from late_failure import fail_with_the_world  # noqa: E402
 torch.set_num_threads(1)
 N, BATCH = int(os.environ.get("SAMPLES", "96")), 4
 STEP_SLEEP_S = float(os.environ.get("STEP_SLEEP_S", "0.02"))
+KILL_STEP, KILL_AFTER_STEP = (int(os.environ.get(name, "-1")) for name in ("KILL_STEP", "KILL_AFTER_STEP"))
+LAST_FULL_STEP = KILL_AFTER_STEP if KILL_AFTER_STEP >= 0 else KILL_STEP - 1
 
 hvd.init()
 torch.manual_seed(0)
@@ -101,6 +106,23 @@ def wait_for_join():
     raise RuntimeError("the new worker never joined")
 
 
+def kill_once_every_rank_has_stepped():
+    """KILL_AFTER_STEP: each rank marks in STEP_MARKS_DIR that its step returned; the killed rank dies once every
+    rank has (so no survivor is still inside that step's allreduce: a survivor that is not LATE_RANK goes on to
+    record the step and save the commit that follows)."""
+    marks = os.environ["STEP_MARKS_DIR"]
+    open(os.path.join(marks, f"rank{hvd.rank()}"), "w").close()
+    if str(hvd.rank()) != os.environ.get("KILL_RANK"):
+        return
+    deadline = time.monotonic() + 60
+    while len(os.listdir(marks)) < hvd.size():
+        if time.monotonic() > deadline:
+            raise RuntimeError("not every rank finished the step")
+        time.sleep(0.01)
+    say(f"KILLED at {time.time():.3f}")
+    os.kill(os.getpid(), 9)
+
+
 @hvd.elastic.run
 def train(state):
     say(f"START size={hvd.size()} digest={digest()}")
@@ -109,13 +131,13 @@ def train(state):
             in_first_world = hvd.size() == state.first_size and state.step < 1000
             if in_first_world and os.environ.get("GROW_HOSTS_FILE") and batch == int(os.environ["GROW_STEP"]):
                 wait_for_join()
-            if (in_first_world and str(hvd.rank()) == os.environ.get("KILL_RANK")
-                    and batch == int(os.environ["KILL_STEP"])):
+            if in_first_world and str(hvd.rank()) == os.environ.get("KILL_RANK") and batch == KILL_STEP:
                 say(f"KILLED at {time.time():.3f}")
                 os.kill(os.getpid(), 9)
             step(state.sampler.get_indices(batch, BATCH))
-            if (in_first_world and str(hvd.rank()) == os.environ.get("LATE_RANK")
-                    and batch == int(os.environ["KILL_STEP"]) - 1):
+            if in_first_world and batch == KILL_AFTER_STEP:
+                kill_once_every_rank_has_stepped()
+            if in_first_world and str(hvd.rank()) == os.environ.get("LATE_RANK") and batch == LAST_FULL_STEP:
                 fail_with_the_world()
             state.sampler.record_batch(batch, BATCH)
             state.step += 1
