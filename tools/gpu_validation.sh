@@ -32,7 +32,11 @@ step() {
     grep -E "passed|failed|error|Error|SKIPPED|skipped|accuracy|wrong" "$out/$log" | tail -n 4
 }
 
-echo "== $(date -u '+%F %T') UTC, commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(nproc --all) cores"
+# A copied tree can carry stale git metadata: the digest of the sources names the code that ran (compare it with
+# the same line run on a checkout).
+digest=$(find ringtrain csrc -type f \( -name '*.py' -o -name '*.cu' -o -name '*.cuh' -o -name '*.cc' \) | LC_ALL=C sort |
+         xargs cat | sha1sum | cut -c1-12)
+echo "== $(date -u '+%F %T') UTC, git HEAD $(git rev-parse --short HEAD 2>/dev/null || echo '?'), sources $digest, $(nproc --all) cores"
 nvidia-smi -L 2>&1 | head -2
 python - <<'EOF'
 import importlib, sys
@@ -65,7 +69,7 @@ for spin_us in 0 200; do         # a sync that sleeps at once against one that p
 done
 step bench.log 45 python benchmarks/gpu_allreduce.py --transports nccl,nccl_allreduce --sizes 4K,1M,16M,64M
 for model in convnet resnet18 mlp; do
-    step account.log 110 "${mpi[@]}" -n 2 python benchmarks/step_breakdown.py --model $model --rounds 5 \
+    step account.log 150 "${mpi[@]}" -n 2 python benchmarks/step_breakdown.py --model $model --rounds 5 \
         --steps 20 --modes no-comm,lockstep,after-backward,overlap,ddp --json "$out/step_breakdown_$model.json"
 done
 echo "== [$SECONDS s] done"
