@@ -131,9 +131,9 @@ def enter_comm_stream():
 def drain(stream, spin_s):
     """Return once everything queued on stream so far has finished: the transports' own syncs (their streams
     hold only local kernels and copies, so they always drain). Polls for up to spin_s, then sleeps in a
-    blocking-sync event. Sleeping alone cost about 250 us per sync on a virtualised GPU host (three per
-    collective), while a small collective's kernels finish in a few microseconds; polling first keeps that
-    latency without spinning a core through long kernels."""
+    blocking-sync event: a small collective's copies and kernels finish in microseconds, and waking from the
+    sleep cost more than that (mpi_staged at 64 KB: 299 us per call sleeping at once, 150 us polling first, on an
+    H200 host), while long kernels still leave the core free."""
     import cupy
     event = cupy.cuda.Event(block=True, disable_timing=True)
     event.record(stream)
