@@ -149,6 +149,7 @@ def wait_for_event(event, spin_s, clock=time.perf_counter):
                 return
     event.synchronize()
 
+
 class DeviceOps:
     """fusion.HostOps for cupy arrays: the same methods, run on the comm stream with ringtrain's kernels."""
 

@@ -12,12 +12,12 @@ Allreduce over blocks (block r belongs to rank r):
   2. reduce-scatter: rank r reduces its block r, reading block r of every peer's window with our kernel;
   3. sync; allgather: rank r copies block p from owner p's window, all blocks in one batched launch;
   4. sync, so no peer still reads our window when the next collective overwrites it.
-A "sync" is: this rank's comm stream drained (gpu.drain: polled, then a blocking-sync event), then a flag barrier in node-shared host
-memory (flag_barrier.FlagBarrier: a sequence number per rank, polled through the Watchdog; no MPI call, and a
-missing rank is named after stall_timeout_s). MPI_Ibarrier cost about 0.85 ms per call for the three syncs on
-an H100 host; a flag write is visible to a polling peer within a microsecond. Each step only reads memory that no
-rank writes in that step (peers read our block r only after it is final; we write blocks p != r that nobody
-reads), so the three barriers are all the ordering needed.
+A "sync" is: this rank's comm stream drained (gpu.drain: polled, then a blocking-sync event), then a flag
+barrier in node-shared host memory (flag_barrier.FlagBarrier: a sequence number per rank, polled through the
+Watchdog; no MPI call, and a missing rank is named after stall_timeout_s). MPI_Ibarrier cost about 0.85 ms per
+call for the three syncs on an H100 host; a flag write is visible to a polling peer within a microsecond. Each
+step only reads memory that no rank writes in that step (peers read our block r only after it is final; we write
+blocks p != r that nobody reads), so the three barriers are all the ordering needed.
 
 Every rank must call each collective with the same buffer size (true for the engine's fusion buckets); a buffer
 that is not the window is copied in and out. The window grows collectively (MPI allreduce of the size).
