@@ -159,6 +159,7 @@ class CoordinatorAgreement:
 
     def _isend(self, message, dest, tag):
         # never a blocking send: the destination may be busy in a ring step that needs us
+        self.watchdog.check_sendable()
         self._sends.append(self.ctrl.isend(message, dest=dest, tag=tag))
 
     def progress_sends(self):

@@ -222,6 +222,9 @@ class MessageExchange(_Exchange):
         return False
 
     def publish(self, c, flags, bitmap, words, eager):
+        # an idle rank follows a peer into a cycle on the engine thread: after a death it must not send to the
+        # dead rank (see Watchdog.check_sendable)
+        self.watchdog.check_sendable(f"agreement cycle {c}")
         parity = c % 2
         # our cycle c - 2 message used this buffer; every peer has it (they finished c - 1 with our c - 1 slot)
         MPI.Request.Waitall(self._sends[parity])

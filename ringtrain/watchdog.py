@@ -84,9 +84,16 @@ class Watchdog:
             return max(YIELD_S, CALLER_YIELD_S)
         return YIELD_S
 
-    def check(self, what=""):
+    def check_sendable(self, what=""):
+        """Before point-to-point sends: raise RankFailureError once this world was aborted (an elastic driver's
+        word that a worker died). A send to a peer whose connection MPICH has seen fail crashes the process --
+        MPICH's ch4 isend writes to the request it failed to create (SIGSEGV in MPI_Isend, whatever the error
+        handler) -- so no send may follow the abort, even on a thread that never waits."""
         if self.abort_reason is not None:
             raise RankFailureError(f"{self.abort_reason}" + (f" (while waiting for {what})" if what else ""))
+
+    def check(self, what=""):
+        self.check_sendable(what)
         now = time.monotonic()
         if now < self._next_check:
             return

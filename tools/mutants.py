@@ -655,6 +655,11 @@ MUTANTS = [
            "Horovod's CommitStateCallback: after a re-form each survivor keeps the batch count it stopped at, so "
            "survivors that failed in different batches (or a joiner, which starts afresh) commit at different "
            "batches and the job stalls"),
+    Mutant("engine_cycle_sends_after_the_world_was_aborted", "ringtrain/cycle_exchange.py",
+           '        self.watchdog.check_sendable(f"agreement cycle {c}")\n', "",
+           (Tests((ELASTIC,), select="different_commits"),),
+           "an idle survivor follows a peer into an agreement cycle after the driver said a worker died, and its "
+           "send to the dead rank crashes the process inside MPICH (SIGSEGV in MPI_Isend)"),
     Mutant("elastic_sync_unites_the_sampler_records", "ringtrain/elastic/torch_state.py",
            "        self.value.load_state_dict(collectives.broadcast_object(self.value.state_dict(), root_rank=0))\n",
            "        state_dict = collectives.broadcast_object(self.value.state_dict(), root_rank=0)\n"

@@ -43,6 +43,7 @@ class MPITransport(mpi_util.NonblockingBroadcastAlltoall, RingTransport):
         if recv_view is not None:
             requests += mpi_util.irecv_split(self.comm, recv_view, source, mpi_util.RING_TAG, self._wire, self._limit)
         if send_view is not None:
+            self.watchdog.check_sendable("a ring step")     # never a send after this world was aborted
             requests += mpi_util.isend_split(self.comm, send_view, dest, mpi_util.RING_TAG, self._wire, self._limit)
         return requests
 
