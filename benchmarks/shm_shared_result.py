@@ -1,5 +1,6 @@
 """Would one result buffer shared by the ranks pay, against each rank's own result? A prototype at the transport
-level for the refilled gradient bucket: fresh private gradients reduced into a bucket of the shm window.
+level for a gradient bucket after backward: fresh private gradients reduced into a bucket of the shm window (a
+refilled bucket), or gradients that already lie in the window (a bucket whose gradients are views of it).
 
     mpiexec -n 2 python benchmarks/shm_shared_result.py --out benchmarks/results/shm_shared_result.txt
 
@@ -11,7 +12,12 @@ reads the result (as the optimizer would read .grad):
                  0's) and pushes nothing; every rank's update reads that buffer. Per rank that saves the push (half
                  the data written), but every rank's optimizer then reads memory that half of is written by the
                  other core, as with own. Not race-free as a .grad (see the docs): a prototype only.
-Prints the median ms (slowest rank) of the reduction and of reduction + update, and each arm / own.
+  views-own      the gradients lie in this rank's bucket in the window (views): allreduce in place, each rank
+                 reads its block from every peer's bucket and pushes its result into every peer's bucket
+  views-shared   the gradients lie in the window: each rank reads its block from every rank's bucket where it lies
+                 and writes it once, into ONE buffer (rank 0's); no copy-in and no push at all
+Prints the median ms (slowest rank) of the reduction and of reduction + update, and each arm / own (views arms:
+/ views-own).
 """
 import argparse
 import os
@@ -29,7 +35,7 @@ from ringtrain.transports.base import even_counts, offsets
 from ringtrain.transports.shm import SharedMemoryTransport
 from ringtrain.watchdog import Watchdog
 
-ARMS = ("own", "shared")
+ARMS = ("own", "shared", "views-own", "views-shared")
 
 
 def shared_allreduce(t, src, result, counts):
@@ -52,6 +58,24 @@ def shared_allreduce(t, src, result, counts):
     t._barrier("done")
 
 
+def shared_allreduce_in_place(t, bucket, result, counts):
+    """Every rank's `bucket` (the same offset in every region) summed and divided by the ranks' number, into
+    `result`: rank r reads block r of every rank's bucket where it lies and writes it once."""
+    r, n, starts = t.rank, t.size, offsets(counts)
+    begin = t._start(bucket)
+    t._barrier("ready")
+    buckets = [t._data[(r + i) % n][begin: begin + bucket.nbytes].view(bucket.dtype) for i in range(n)]
+    piece = t.cache_piece_bytes // bucket.itemsize
+    for lo in range(starts[r], starts[r] + counts[r], piece):
+        hi = min(lo + piece, starts[r] + counts[r])
+        acc = result[lo:hi]
+        np.add(buckets[0][lo:hi], buckets[1][lo:hi], out=acc)
+        for other in buckets[2:]:
+            np.add(acc, other[lo:hi], out=acc)
+        acc *= 1.0 / n
+    t._barrier("done")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes-mb", default="7.9,25.4,31.5")
@@ -69,17 +93,24 @@ def main():
         mine = t.shared_array(count * 4)          # at the same offset on every rank: rank 0's is THE result
         start = t._start(mine)
         shared = t._data[0][start: start + count * 4].view(np.float32)
+        views = t.shared_array(count * 4).view(np.float32)    # this rank's bucket, its gradients lie in it
         param, momentum = torch.zeros(count), torch.zeros(count)
         reduce_s = {arm: [] for arm in ARMS}
         step_s = {arm: [] for arm in ARMS}
         for rep in range(args.reps):
             for arm in (ARMS if rep % 2 == 0 else ARMS[::-1]):
                 comm.Barrier()
-                src.fill(comm.rank + 1.0)
+                (views if arm.startswith("views") else src).fill(comm.rank + 1.0)
                 begin = time.perf_counter()
                 if arm == "shared":
                     shared_allreduce(t, src, shared, even_counts(count, comm.size))
                     result = shared
+                elif arm == "views-shared":
+                    shared_allreduce_in_place(t, views, shared, even_counts(count, comm.size))
+                    result = shared
+                elif arm == "views-own":
+                    t.allreduce_out(views, views, ReduceOp.SUM, 1.0 / comm.size)
+                    result = views
                 else:
                     t.allreduce_out(src, own, ReduceOp.SUM, 1.0 / comm.size)
                     result = own
@@ -94,15 +125,16 @@ def main():
                           for arm in ARMS})
         if comm.rank == 0:
             worst = {arm: [max(m[arm][i] for m in ms) for i in (0, 1)] for arm in ARMS}
-            rows.append([f"{mb:g} MB"] + [f"{worst[arm][i]:.2f} ({worst[arm][i] / worst['own'][i]:.3f})"
+            base = {arm: "views-own" if arm.startswith("views") else "own" for arm in ARMS}
+            rows.append([f"{mb:g} MB"] + [f"{worst[arm][i]:.2f} ({worst[arm][i] / worst[base[arm]][i]:.3f})"
                                           for i in (0, 1) for arm in ARMS])
     if comm.rank == 0:
         headers = ["size"] + [f"{what} {arm}" for what in ("reduce", "+ SGD") for arm in ARMS]
         info = machine_info()
         text = "\n".join([f"# {comm.size} ranks, {info['date']}, {info['cores']} cores {info['host_cpu']}, "
                           f"commit {source_commit()}, load {load_before:.2f} -> {os.getloadavg()[0]:.2f}",
-                          format_table(headers, rows, title="fresh private float32 reduced into the shm window, "
-                                                            "median ms of the slowest rank (x own)")])
+                          format_table(headers, rows, title="float32 gradients reduced into the shm window, median ms "
+                                                            "of the slowest rank (x own; views arms x views-own)")])
         print(text)
         if args.out:
             with open(args.out, "w") as f:
