@@ -368,6 +368,14 @@ def test_shm_shared_result_quick(tmp_path):
     assert [line.split()[0] for line in table.splitlines()[3:]] == ["0.5", "2"], table
 
 
+def test_express_fallbacks_quick(tmp_path):
+    """A few MLP steps on 2 ranks: every call of each rank and bucket is counted under one path, table written."""
+    table = _table_on_two_ranks(tmp_path, "express_fallbacks.py", "--model", "mlp", "--steps", "4")
+    rows = [line.split() for line in table.splitlines()[3:]]
+    assert {row[0] for row in rows} == {"0", "1"}, table
+    assert all(sum(int(r[-3]) for r in rows if r[0] == rank) == 4 for rank in ("0", "1")), table
+
+
 def test_soak_quick(tmp_path):
     """benchmarks/soak.py in each mode, tiny: every line reports 0 wrong, ops/s and RSS, and the JSON matches it."""
     out_json = str(tmp_path / "soak.jsonl")
