@@ -36,6 +36,14 @@ def bus_bandwidth(algbw, ranks):
     return algbw * 2 * (ranks - 1) / ranks if ranks > 1 else algbw
 
 
+def print_and_save(text, path):
+    """Print a result table and, given a path (a benchmark's --out), write it there too."""
+    print(text)
+    if path:
+        with open(path, "w") as f:
+            f.write(text + "\n")
+
+
 def format_table(headers, rows, title=None):
     """Right-aligned plain-text table; numbers already formatted as strings by the caller."""
     widths = [len(h) for h in headers]

@@ -23,7 +23,7 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH_DIR)
 
 import train_scaling  # noqa: E402
-from common import format_table, machine_info, source_commit  # noqa: E402
+from common import format_table, machine_info, print_and_save, source_commit  # noqa: E402
 
 import ringtrain.torch as hvd  # noqa: E402
 from ringtrain import state  # noqa: E402
@@ -92,10 +92,7 @@ def main():
                           f"{os.getloadavg()[0]:.2f}",
                           format_table(["rank", "bucket", "bytes", "path", "calls", "median ms", "mean ms"], rows,
                                        title="after backward, each bucket's submit in step() by the path it took")])
-        print(text)
-        if args.out:
-            with open(args.out, "w") as f:
-                f.write(text + "\n")
+        print_and_save(text, args.out)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from common import format_table, machine_info, source_commit
+from common import format_table, machine_info, print_and_save, source_commit
 from ringtrain.config import Config
 from ringtrain.ops import ReduceOp
 from ringtrain.transports.shm import SharedMemoryTransport
@@ -59,10 +59,7 @@ def main():
         text = "\n".join([f"# {comm.size} ranks, {info['date']}, {info['cores']} cores {info['host_cpu']}, "
                           f"commit {source_commit()}",
                           format_table(headers, rows, title="shm allreduce_out of private float32, median ms")])
-        print(text)
-        if args.out:
-            with open(args.out, "w") as f:
-                f.write(text + "\n")
+        print_and_save(text, args.out)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from common import format_table, machine_info, source_commit
+from common import format_table, machine_info, print_and_save, source_commit
 from ringtrain.config import Config
 from ringtrain.ops import ReduceOp
 from ringtrain.transports.base import even_counts, offsets
@@ -135,10 +135,7 @@ def main():
                           f"commit {source_commit()}, load {load_before:.2f} -> {os.getloadavg()[0]:.2f}",
                           format_table(headers, rows, title="float32 gradients reduced into the shm window, median ms "
                                                             "of the slowest rank (x own; views arms x views-own)")])
-        print(text)
-        if args.out:
-            with open(args.out, "w") as f:
-                f.write(text + "\n")
+        print_and_save(text, args.out)
     t.close()
 
 
