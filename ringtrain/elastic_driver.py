@@ -168,6 +168,11 @@ class ElasticDriver:
         # machine) kills the process reading from a peer that died mid-message ("process_vm_readv ... No such
         # process"), survivor included: measured here, 2 runs in 6 at 2 workers with 7.6 MB of gradients
         env.setdefault("UCX_TLS", "^cma")
+        # MPICH's ucx module crashes a survivor that sends to a worker that just died (a segmentation fault inside
+        # MPI_Isend: after the failed send it writes to the request it never created), and a send can leave before
+        # the driver's word of the death arrives; its ofi module returns an error. Between the separately started
+        # processes of an elastic world ofi was also the faster here.
+        env.setdefault("MPIR_CVAR_CH4_NETMOD", "ofi")
         env.update({DRIVER_VARIABLE: f"{'127.0.0.1' if is_local(host) else _address()}:{self.port}",
                     WORKER_VARIABLE: worker_id, HOST_VARIABLE: host, "RINGTRAIN_ELASTIC": "1",
                     "HOROVOD_HOSTNAME": host, "HOROVOD_LOCAL_RANK": str(slot)})

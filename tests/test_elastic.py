@@ -103,6 +103,14 @@ def test_survivors_rolled_back_to_different_commits_all_go_on_from_rank_0s_state
     assert len({f[0]["digest"] for f in final.values()}) == 1, job
 
 
+def test_a_survivors_send_to_the_worker_that_died_returns():
+    """MPI as the driver sets it up for workers: a send to a worker that just died returns (with an error or
+    without), where MPICH's ucx module crashed the sender inside MPI_Isend. ringtrain sends nothing once it knows of
+    a death, but a send can leave before that word arrives."""
+    job = run_elastic("-np", "2", "--min-np", "1", script="send_to_the_dead.py")
+    assert re.search(r"^rank 0: SEND TO THE DEAD (returned|raised)", job.output, re.M), job
+
+
 def _discovery_script(tmp_path, hosts):
     hosts_file = tmp_path / "hosts"
     hosts_file.write_text(hosts)

@@ -657,9 +657,14 @@ MUTANTS = [
            "batches and the job stalls"),
     Mutant("engine_cycle_sends_after_the_world_was_aborted", "ringtrain/cycle_exchange.py",
            '        self.watchdog.check_sendable(f"agreement cycle {c}")\n', "",
-           (Tests((ELASTIC,), select="different_commits"),),
+           (Tests((ELASTIC,), select="different_commits", env=(("MPIR_CVAR_CH4_NETMOD", "ucx"),)),),
            "an idle survivor follows a peer into an agreement cycle after the driver said a worker died, and its "
-           "send to the dead rank crashes the process inside MPICH (SIGSEGV in MPI_Isend)"),
+           "send to the dead rank crashes the process inside MPICH's ucx module (SIGSEGV in MPI_Isend)"),
+    Mutant("elastic_workers_on_mpichs_ucx_module", "ringtrain/elastic_driver.py",
+           '        env.setdefault("MPIR_CVAR_CH4_NETMOD", "ofi")\n', "",
+           (Tests((ELASTIC,), select="send_to_the_worker_that_died"),),
+           "elastic workers on MPICH's default (ucx) network module: a survivor's send to a worker that just died "
+           "crashes it inside MPI_Isend"),
     Mutant("elastic_sync_unites_the_sampler_records", "ringtrain/elastic/torch_state.py",
            "        self.value.load_state_dict(collectives.broadcast_object(self.value.state_dict(), root_rank=0))\n",
            "        state_dict = collectives.broadcast_object(self.value.state_dict(), root_rank=0)\n"
