@@ -27,6 +27,8 @@ A ringtrain mode may name variants, for same-run A/Bs of one setting (after-back
   :capped         after backward, buckets of such gradients hold up to bucket_cap_mb (25 MB), not up to the
                   fusion threshold (the shm window's 32 MB)
   :bucketorder    after backward, step() reduces the buckets in bucket order (not the last first)
+  :parked         the engine's background thread cannot run a pass during zero_grad + forward + backward (the
+                  caller holds its progress lock): what its wake-ups cost the computation
 No barrier between steps: each step has exactly one synchronisation point, as in training. Per step and rank:
   fwd+bwd         zero_grad + forward + backward (wall; cpu = this thread's CPU time, which excludes time the OS
                   gave to other processes, so cpu < wall means the rank was descheduled)
@@ -198,6 +200,7 @@ VARIANTS = {
     "paramhooks": ("node_hooks_first_step", False),         # after backward, step 1 hooks the parameters
     "capped": ("large_bucket_bytes", None),                 # after backward large buckets up to bucket_cap_mb
     "bucketorder": ("last_ready_first", False),             # after backward buckets reduced in bucket order
+    "parked": ("park_engine", True),                        # the engine thread held off during fwd+bwd
 }
 
 
@@ -278,13 +281,16 @@ def _run_mode(mode, model, optimizer, args, comm, inputs, labels, engine_cpu, cl
     base = split_mode(mode)[0]
     loss_fn = torch.nn.CrossEntropyLoss()
     stamps = []
+    # :parked -- a thread blocked on a lock takes neither the GIL nor a core
+    parking = state.engine()._progress_lock if settings(mode).get("park_engine") else contextlib.nullcontext()
     comm.Barrier()
     for i in range(WARMUP + args.steps):
         faults, engine0, proc0 = minor_faults(), engine_cpu(), process_cpu()
         phases0 = clock.snapshot() if clock is not None else None
         t0, c0 = time.perf_counter(), time.thread_time()
-        optimizer.zero_grad()
-        loss_fn(model(inputs), labels).backward()
+        with parking:
+            optimizer.zero_grad()
+            loss_fn(model(inputs), labels).backward()
         t1, c1 = time.perf_counter(), time.thread_time()
         if base == "lockstep":
             comm.Barrier()
