@@ -38,6 +38,19 @@ from ringtrain.watchdog import Watchdog
 ARMS = ("own", "shared", "views-own", "views-shared")
 
 
+def _average_block(t, inputs, result, start, count):
+    """result[start: start + count] = the mean of the inputs there, in cache-sized pieces (the sum and the scale
+    while each piece is in cache, as the transport's own reduce)."""
+    piece = t.cache_piece_bytes // result.itemsize
+    for lo in range(start, start + count, piece):
+        hi = min(lo + piece, start + count)
+        acc = result[lo:hi]
+        np.add(inputs[0][lo:hi], inputs[1][lo:hi], out=acc)
+        for other in inputs[2:]:
+            np.add(acc, other[lo:hi], out=acc)
+        acc *= 1.0 / len(inputs)
+
+
 def shared_allreduce(t, src, result, counts):
     """src summed over the ranks and divided by their number, into `result`, a buffer every rank can address."""
     r, n, starts = t.rank, t.size, offsets(counts)
@@ -47,14 +60,7 @@ def shared_allreduce(t, src, result, counts):
             stage[starts[q]: starts[q] + counts[q]] = src[starts[q]: starts[q] + counts[q]]
     t._barrier("ready")
     peers = [t._data[q][:src.nbytes].view(src.dtype) for q in range(n) if q != r]
-    piece = t.cache_piece_bytes // src.itemsize
-    for lo in range(starts[r], starts[r] + counts[r], piece):
-        hi = min(lo + piece, starts[r] + counts[r])
-        acc = result[lo:hi]
-        np.add(src[lo:hi], peers[0][lo:hi], out=acc)
-        for other in peers[1:]:
-            np.add(acc, other[lo:hi], out=acc)
-        acc *= 1.0 / n
+    _average_block(t, [src] + peers, result, starts[r], counts[r])
     t._barrier("done")
 
 
@@ -65,14 +71,7 @@ def shared_allreduce_in_place(t, bucket, result, counts):
     begin = t._start(bucket)
     t._barrier("ready")
     buckets = [t._data[(r + i) % n][begin: begin + bucket.nbytes].view(bucket.dtype) for i in range(n)]
-    piece = t.cache_piece_bytes // bucket.itemsize
-    for lo in range(starts[r], starts[r] + counts[r], piece):
-        hi = min(lo + piece, starts[r] + counts[r])
-        acc = result[lo:hi]
-        np.add(buckets[0][lo:hi], buckets[1][lo:hi], out=acc)
-        for other in buckets[2:]:
-            np.add(acc, other[lo:hi], out=acc)
-        acc *= 1.0 / n
+    _average_block(t, buckets, result, starts[r], counts[r])
     t._barrier("done")
 
 

@@ -119,6 +119,10 @@ def kill_once_every_rank_has_stepped():
         if time.monotonic() > deadline:
             raise RuntimeError("not every rank finished the step")
         time.sleep(0.01)
+    die()
+
+
+def die():
     say(f"KILLED at {time.time():.3f}")
     os.kill(os.getpid(), 9)
 
@@ -132,8 +136,7 @@ def train(state):
             if in_first_world and os.environ.get("GROW_HOSTS_FILE") and batch == int(os.environ["GROW_STEP"]):
                 wait_for_join()
             if in_first_world and str(hvd.rank()) == os.environ.get("KILL_RANK") and batch == KILL_STEP:
-                say(f"KILLED at {time.time():.3f}")
-                os.kill(os.getpid(), 9)
+                die()
             step(state.sampler.get_indices(batch, BATCH))
             if in_first_world and batch == KILL_AFTER_STEP:
                 kill_once_every_rank_has_stepped()
