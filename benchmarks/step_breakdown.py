@@ -2,14 +2,18 @@
 the gradient allreduce (no gradient traffic) -- what every synchronous method pays, and nothing more.
 
     mpiexec -n 2 python benchmarks/step_breakdown.py [--model convnet|mlp|resnet18] [--rounds 3] [--steps 15]
-        [--modes no-comm,lockstep,after-backward,overlap,ddp] [--no-phases] [--json out.json]
+        [--modes no-comm,lockstep,lockstep+traffic,after-backward,overlap,ddp] [--no-phases] [--json out.json]
 
 Modes, interleaved in rounds whose order alternates (ABBA; one model and optimizer per mode, training on through
 its rounds; the medians over rounds reported). x lockstep is lockstep's median step over the mode's; (paired) the
-median over rounds of that ratio taken round by round, which cancels load that changes between rounds:
+median over rounds of that ratio taken round by round, which cancels load that changes between rounds; x
+lockstep+traffic the same against that mode (the floor of any allreduce's memory traffic):
   no-comm         plain torch, no synchronisation at all (the ranks drift apart): does the computation itself run
                   slower when the ranks run in step (shared caches, memory bandwidth)? compare its fwd+bwd cpu
   lockstep        plain torch optimizer; after backward an MPI barrier (the synchronous ceiling)
+  lockstep+traffic  lockstep plus, on each rank, the memory traffic any allreduce of the model's gradients among
+                  the ranks must move (see AllreduceTraffic): the floor under every allreduce on these cores, with
+                  no synchronisation beyond lockstep's barrier and no per-tensor or bookkeeping work
   after-backward  ringtrain.torch.DistributedOptimizer(overlap=False): synchronize() reduces after backward
   overlap         DistributedOptimizer(overlap=True): buckets are reduced from hooks during backward
   ddp             torch.nn.parallel.DistributedDataParallel (gloo): its allreduces run inside backward()
@@ -85,11 +89,15 @@ import ringtrain  # noqa: E402
 import ringtrain.torch as hvd  # noqa: E402
 from ringtrain import agreement, executor, reducer, state, watchdog  # noqa: E402
 from ringtrain.torch import optimizer as torch_optimizer  # noqa: E402
+from ringtrain.transports.mpi_util import pieces  # noqa: E402
+from ringtrain.transports.shm import SharedMemoryTransport  # noqa: E402
 
 WARMUP = 5
-MODES = ("no-comm", "lockstep", "after-backward", "overlap", "ddp")
+TRAFFIC = "lockstep+traffic"
+MODES = ("no-comm", "lockstep", TRAFFIC, "after-backward", "overlap", "ddp")
 DEFAULT_MODES = MODES
-LOCAL_MODES = ("no-comm", "lockstep")   # the plain torch optimizer, no gradient traffic
+LOCAL_MODES = ("no-comm", "lockstep", TRAFFIC)   # the plain torch optimizer, no ringtrain
+REFERENCES = ("lockstep", TRAFFIC)      # the modes every other mode's step is compared with
 RINGTRAIN_MODES = ("after-backward", "overlap")
 PHASES = ("step_wall", "fwd_bwd", "fwd_bwd_cpu", "wait", "after_last", "step", "engine_cpu", "proc_cpu", "faults")
 BUCKET_PHASES = ("zero", "pack", "python", "agree", "transport", "slots", "unpack", "handle_wait")
@@ -170,6 +178,66 @@ class PhaseClock:
         return timed
 
 
+class AllreduceTraffic:
+    """The memory traffic any allreduce of `nbytes` of float32 gradients among the N ranks of one node must move,
+    per rank, done on buffers allocated once: what is left of an allreduce when its synchronisation (but for one
+    barrier), its per-tensor calls and its bookkeeping are taken away.
+
+    The gradients stand as one private buffer G of nbytes (backward leaves them in the process's private memory);
+    each rank has a buffer W of nbytes in an MPI shared-memory window, as ringtrain's buckets are. Rank r owns
+    block r (1/N of the elements). With S = nbytes:
+      copy_in   W_r[block p] <- G[block p] for every peer p: a peer cannot read G        read (N-1)/N S, write (N-1)/N S
+      (the one barrier: every rank's copy-in is done)
+      reduce    W_r[block r] <- (G[block r] + sum of W_q[block r] over peers q) / N, then pushed into every
+                W_q[block r], piece by cache-sized piece (the piece is re-read from cache): read S, write S
+    so, per rank, (2N-1)/N S read and as much written -- 1.5 S each on 2 ranks. That is the minimum: a peer can only
+    read a gradient that is in shared memory (hence the copy-in of the blocks peers reduce); every input element must
+    be read once; every element of the result must land in shared memory on every rank, where the optimizer then
+    reads it (no copy back into G). G and W are not the model's gradients; once, when made, it checks that it
+    computes an allreduce: every rank's W is then the average of the ranks' G."""
+
+    def __init__(self, nbytes, comm):
+        count = -(-nbytes // 4)
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        page_multiple = -(-count * 4 // 4096) * 4096
+        self._win = MPI.Win.Allocate_shared(page_multiple, 4, comm=comm)
+        self.windows = [np.frombuffer(self._win.Shared_query(p)[0], np.float32)[:count] for p in range(self.size)]
+        self.gradients = np.full(count, self.rank + 1, np.float32)
+        self.blocks = [(count * p // self.size, count * (p + 1) // self.size) for p in range(self.size)]
+        self.piece = SharedMemoryTransport.cache_piece_bytes // 4
+        comm.Barrier()
+        self.copy_in()
+        comm.Barrier()
+        self.reduce()
+        comm.Barrier()
+        wrong = np.count_nonzero(self.windows[self.rank] != (self.size + 1) / 2)
+        if comm.allreduce(wrong):
+            raise AssertionError(f"rank {self.rank}: {TRAFFIC} left {wrong} of {count} elements unlike an allreduce")
+
+    def copy_in(self):
+        mine = self.windows[self.rank]
+        for p, (lo, hi) in enumerate(self.blocks):
+            if p != self.rank:
+                mine[lo:hi] = self.gradients[lo:hi]
+
+    def reduce(self):
+        lo, hi = self.blocks[self.rank]
+        result = self.windows[self.rank]
+        peers = [w for q, w in enumerate(self.windows) if q != self.rank]
+        for start, stop in pieces(hi - lo, self.piece):
+            a, b = lo + start, lo + stop
+            np.add(self.gradients[a:b], peers[0][a:b], out=result[a:b])
+            for peer in peers[1:]:
+                np.add(result[a:b], peer[a:b], out=result[a:b])
+            np.multiply(result[a:b], 1.0 / self.size, out=result[a:b])
+            for peer in peers:
+                peer[a:b] = result[a:b]
+
+    def free(self):
+        self.windows = None
+        self._win.Free()
+
+
 def engine_cpu_clock():
     """A function returning the CPU seconds of ringtrain's engine thread so far (None if it cannot be found)."""
     threads = [t for t in threading.enumerate() if t.name == "ringtrain-engine"]
@@ -229,11 +297,14 @@ def variant_applied(mode):
         watchdog.CALLER_YIELD_S = saved
 
 
-def build(mode, args):
-    """(model, optimizer) of one mode, every mode from the same seed."""
+def build(mode, args, comm):
+    """(model, optimizer, AllreduceTraffic of lockstep+traffic or None) of one mode, every mode from the same seed."""
     base = split_mode(mode)[0]
     torch.manual_seed(0)
     model = train_scaling.build_model(torch, args.model, args.width)
+    if base == TRAFFIC:
+        nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), AllreduceTraffic(nbytes, comm)
     if base == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -267,17 +338,17 @@ def build(mode, args):
         if settings(mode).get("node_hooks_first_step") is False:
             optimizer._ringtrain.node_hooks_first_step = False
             optimizer._ringtrain.install_hooks()     # step 1's hooks on the parameters themselves
-    return model, optimizer
+    return model, optimizer, None
 
 
-def run_mode(mode, model, optimizer, args, comm, inputs, labels, engine_cpu, clock):
+def run_mode(mode, model, optimizer, traffic, args, comm, inputs, labels, engine_cpu, clock):
     """Stamps of every measured step on this rank: (t0, backward_end, synchronized, stepped, cpu phases...,
     {(thread, phase): (wall, cpu)} of the step)."""
     with variant_applied(mode):
-        return _run_mode(mode, model, optimizer, args, comm, inputs, labels, engine_cpu, clock)
+        return _run_mode(mode, model, optimizer, traffic, args, comm, inputs, labels, engine_cpu, clock)
 
 
-def _run_mode(mode, model, optimizer, args, comm, inputs, labels, engine_cpu, clock):
+def _run_mode(mode, model, optimizer, traffic, args, comm, inputs, labels, engine_cpu, clock):
     base = split_mode(mode)[0]
     loss_fn = torch.nn.CrossEntropyLoss()
     stamps = []
@@ -294,6 +365,10 @@ def _run_mode(mode, model, optimizer, args, comm, inputs, labels, engine_cpu, cl
         t1, c1 = time.perf_counter(), time.thread_time()
         if base == "lockstep":
             comm.Barrier()
+        elif base == TRAFFIC:
+            traffic.copy_in()
+            comm.Barrier()
+            traffic.reduce()
         elif base in RINGTRAIN_MODES:
             optimizer.synchronize()
         t2 = time.perf_counter()
@@ -363,6 +438,8 @@ def main():
     modes = args.modes.split(",")
     unknown = [m for m in modes if split_mode(m)[0] not in MODES or any(v not in VARIANTS for v in split_mode(m)[1])
                or (split_mode(m)[1] and split_mode(m)[0] not in RINGTRAIN_MODES)]
+    if TRAFFIC in modes and MPI.COMM_WORLD.Get_size() != MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED).Get_size():
+        parser.error(f"{TRAFFIC} shares memory among the ranks: run every rank on one host")
     if unknown:
         parser.error(f"unknown modes {unknown}; choose from {list(MODES)}, or a ringtrain mode with variants "
                      f"({', '.join(VARIANTS)}) as after-backward:sleepy")
@@ -386,7 +463,7 @@ def main():
     # each mode's model and optimizer are made once and keep training in every round: a fresh optimizer per round
     # would take fresh buckets from the shared window's pool, which is never given back (see empty_shared), and
     # later rounds would then measure buckets in private memory
-    built = {mode: build(mode, args) for mode in modes}
+    built = {mode: build(mode, args, comm) for mode in modes}
     for number in range(args.rounds):
         # the order alternates (ABBA...): a mode that gains or loses by its place in a round (the one before it
         # leaves the caches and the heap in some state; load from other jobs comes and goes) does so in both
@@ -401,6 +478,9 @@ def main():
                 measured[mode].append(phases(everyone, one_host and mode not in ("no-comm", "ddp")))
     if hvd.rank() == 0:
         report(args, modes, measured, shapes, one_host, load_before)
+    for _, _, traffic in built.values():
+        if traffic is not None:
+            traffic.free()
     if clock is not None:
         clock.uninstall()
     if "ddp" in modes:
@@ -417,12 +497,13 @@ def summarise(modes, measured):
             summary[mode][phase] = float(np.median(values)) if values else None
         walls = [r["step_wall"] for r in measured[mode]]
         summary[mode]["step_wall_range"] = [min(walls), max(walls)]
-        if "lockstep" in measured:
-            # lockstep's step over this mode's, round by round (the two a few seconds apart, so load that changes
-            # between rounds cancels), and its median: a second estimate beside the ratio of the medians
-            rounds = [b["step_wall"] / r["step_wall"] for b, r in zip(measured["lockstep"], measured[mode])]
-            summary[mode]["x_lockstep_per_round"] = rounds
-            summary[mode]["x_lockstep_paired"] = float(np.median(rounds))
+        for reference in REFERENCES:
+            if reference in measured:
+                # the reference's step over this mode's, round by round (the two a few seconds apart, so load that
+                # changes between rounds cancels), and its median: a second estimate beside the ratio of the medians
+                rounds = [b["step_wall"] / r["step_wall"] for b, r in zip(measured[reference], measured[mode])]
+                summary[mode][f"x_{reference}_per_round"] = rounds
+                summary[mode][f"x_{reference}_paired"] = float(np.median(rounds))
         rounds = [r["buckets"] for r in measured[mode] if "buckets" in r]
         if rounds:
             summary[mode]["buckets"] = {key: [float(np.median([r[key][i] for r in rounds])) for i in (0, 1)]
@@ -445,17 +526,19 @@ def report(args, modes, measured, shapes, one_host, load_before):
             layout = ", ".join(f"{count} tensors {nbytes / 2 ** 20:.2f} MB" for count, nbytes in
                                shapes[mode]["buckets"])
             print(f"# {mode} buckets: {layout}")
-    header = ["mode", "step", "(range)", "x lockstep", "(paired)", "fwd+bwd", "(cpu)", "wait", "after_last",
-              "opt.step", "engine_cpu", "proc_cpu", "faults"]
+    references = [r for r in REFERENCES if r in summary] or ["lockstep"]
+    header = (["mode", "step", "(range)"] + [h for r in references for h in (f"x {r}", "(paired)")]
+              + ["fwd+bwd", "(cpu)", "wait", "after_last", "opt.step", "engine_cpu", "proc_cpu", "faults"])
     rows = []
     base = summary.get("lockstep")
     for mode in modes:
         s = summary[mode]
-        ratio = f"{base['step_wall'] / s['step_wall']:.3f}" if base else "-"
-        paired = f"{s['x_lockstep_paired']:.3f}" if base else "-"
-        rows.append([mode, _ms(s["step_wall"]), f"{s['step_wall_range'][0]:.1f}-{s['step_wall_range'][1]:.1f}",
-                     ratio, paired, _ms(s["fwd_bwd"]), _ms(s["fwd_bwd_cpu"]), _ms(s["wait"]), _ms(s["after_last"]),
-                     _ms(s["step"]), _ms(s["engine_cpu"]), _ms(s["proc_cpu"]), f"{s['faults']:.0f}"])
+        ratios = [f for r in references for f in
+                  ((f"{summary[r]['step_wall'] / s['step_wall']:.3f}", f"{s[f'x_{r}_paired']:.3f}")
+                   if r in summary else ("-", "-"))]
+        rows.append([mode, _ms(s["step_wall"]), f"{s['step_wall_range'][0]:.1f}-{s['step_wall_range'][1]:.1f}"]
+                    + ratios + [_ms(s["fwd_bwd"]), _ms(s["fwd_bwd_cpu"]), _ms(s["wait"]), _ms(s["after_last"]),
+                                _ms(s["step"]), _ms(s["engine_cpu"]), _ms(s["proc_cpu"]), f"{s['faults']:.0f}"])
     print(train_scaling.common.format_table(header, rows))
     phase_rows = []
     for mode in modes:
@@ -476,16 +559,18 @@ def report(args, modes, measured, shapes, one_host, load_before):
                 nbytes = shapes[mode]["gradient_bytes"]
                 print(f"# {mode}: {nbytes / 2 ** 20:.1f} MB of gradients allreduced per step in {transport:.2f} ms "
                       f"of transport and slots: {nbytes / transport / 1e6:.1f} GB/s (algbw)")
-    if base is not None:
+    for reference in references:
+        base = summary.get(reference)
         for mode in modes:
-            if mode in LOCAL_MODES:
+            if base is None or mode in (LOCAL_MODES[:2] if reference == "lockstep" else LOCAL_MODES):
                 continue
             s = summary[mode]
             parts = ", ".join(f"{name} {s[key] - base[key]:+.1f}" for name, key in
                               (("fwd+bwd", "fwd_bwd"), ("wait", "wait"), ("after_last", "after_last"),
                                ("opt.step", "step")) if s[key] is not None and base[key] is not None)
-            print(f"# {mode} against lockstep: step {s['step_wall'] - base['step_wall']:+.1f} ms "
-                  f"({100 * (1 - base['step_wall'] / s['step_wall']):.1f} points of lockstep's throughput; {parts})")
+            print(f"# {mode} against {reference}: step {s['step_wall'] - base['step_wall']:+.1f} ms "
+                  f"({100 * (1 - base['step_wall'] / s['step_wall']):.1f} points of {reference}'s throughput; "
+                  f"{parts})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": machine, "model": args.model, "ranks": hvd.size(), "rounds": args.rounds,

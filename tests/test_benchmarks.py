@@ -178,7 +178,8 @@ def test_projection_formulas():
 
 
 def test_step_breakdown_quick(tmp_path):
-    """Every mode runs on 2 ranks; the cross-rank stamps are consistent: no rank leaves the barrier or
+    """Every mode runs on 2 ranks (lockstep+traffic checks, when made, that its work is an allreduce: the script
+    fails otherwise); the cross-rank stamps are consistent: no rank leaves the barrier or
     synchronize() before the last rank finished its backward (after_last >= 0), and waits are never negative.
     With overlap a rank's last bucket leaves from a hook inside backward(), so a peer may finish that allreduce
     while this rank is still returning from backward(): there after_last may dip below 0 by that return's time
@@ -191,8 +192,8 @@ def test_step_breakdown_quick(tmp_path):
                          "--model", "mlp", "--rounds", "1", "--steps", "3", "--json", out_json], timeout=300)
     with open(out_json) as f:
         result = json.load(f)
-    assert result["one_host"] and set(result["per_round"]) == {"no-comm", "lockstep", "after-backward", "overlap",
-                                                                 "ddp"}
+    assert result["one_host"] and set(result["per_round"]) == {"no-comm", "lockstep", "lockstep+traffic",
+                                                                 "after-backward", "overlap", "ddp"}
     for mode, rounds in result["per_round"].items():
         for r in rounds:
             if mode in ("no-comm", "ddp"):    # free-running ranks share no step; DDP meets inside backward()
@@ -208,7 +209,10 @@ def test_step_breakdown_quick(tmp_path):
                 assert buckets["caller.transport"][0] + buckets["engine.transport"][0] > 0, (mode, buckets)
                 if mode == "after-backward":
                     assert buckets["engine.transport"][0] == 0, buckets
-    assert "after-backward against lockstep" in stdout and "overlap against lockstep" in stdout
+    assert "after-backward against lockstep:" in stdout and "overlap against lockstep:" in stdout
+    # the floor of the allreduce's memory traffic (it checked, when made, that it computes one)
+    assert "after-backward against lockstep+traffic:" in stdout
+    assert result["summary"]["after-backward"]["x_lockstep+traffic_paired"] > 0
     assert "ringtrain's time per step by bucket phase" in stdout
 
 

@@ -68,6 +68,8 @@ CHURN = "tests/parallel/test_name_churn.py"
 SOAK = "tests/parallel/test_soak.py"
 SHARDED = "tests/parallel/test_sharded_optimizer.py"
 
+BENCHMARKS = "tests/test_benchmarks.py"
+
 MUTANTS = [
     Mutant("shm_reduce_skips_a_peer", "ringtrain/transports/shm.py",
            "sources = [region(q, r, bases[q]) for q in peers]",
@@ -679,6 +681,18 @@ MUTANTS = [
            "self.get_indices(batch_idx, batch_size)",
            (Tests((ELASTIC_PIECES,)), Tests((ELASTIC,), select="sigkilled")),
            "Horovod's sampler: a dead rank's processed samples are forgotten and served again after the resize"),
+    Mutant("step_breakdown_traffic_floor_without_the_push", "benchmarks/step_breakdown.py",
+           "            for peer in peers:\n                peer[a:b] = result[a:b]\n",
+           "",
+           (Tests((BENCHMARKS,), select="step_breakdown_quick"),),
+           "lockstep+traffic leaves out the push of the reduced block to the peers: a floor too low, its step too "
+           "fast, and ringtrain measured against less than an allreduce"),
+    Mutant("step_breakdown_traffic_floor_without_the_copy_in", "benchmarks/step_breakdown.py",
+           "            if p != self.rank:\n                mine[lo:hi] = self.gradients[lo:hi]\n",
+           "            pass\n",
+           (Tests((BENCHMARKS,), select="step_breakdown_quick"),),
+           "lockstep+traffic leaves out the copy-in of the blocks peers reduce: peers reduce whatever the window "
+           "held"),
 ]
 
 
