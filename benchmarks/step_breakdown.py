@@ -179,9 +179,9 @@ class PhaseClock:
 
 
 class AllreduceTraffic:
-    """The memory traffic any allreduce of `nbytes` of float32 gradients among the N ranks of one node must move,
-    per rank, done on buffers allocated once: what is left of an allreduce when its synchronisation (but for one
-    barrier), its per-tensor calls and its bookkeeping are taken away.
+    """The memory traffic any allreduce of the float32 gradients of `parameters` among the N ranks of one node must
+    move, per rank, done on buffers allocated once: what is left of an allreduce when its synchronisation (but for
+    one barrier), its per-tensor calls and its bookkeeping are taken away.
 
     The gradients stand as one private buffer G of nbytes (backward leaves them in the process's private memory);
     each rank has a buffer W of nbytes in an MPI shared-memory window, as ringtrain's buckets are. Rank r owns
@@ -193,11 +193,14 @@ class AllreduceTraffic:
     so, per rank, (2N-1)/N S read and as much written -- 1.5 S each on 2 ranks. That is the minimum: a peer can only
     read a gradient that is in shared memory (hence the copy-in of the blocks peers reduce); every input element must
     be read once; every element of the result must land in shared memory on every rank, where the optimizer then
-    reads it (no copy back into G). G and W are not the model's gradients; once, when made, it checks that it
-    computes an allreduce: every rank's W is then the average of the ranks' G."""
+    reads it: hand_over() points each parameter's .grad at its piece of W, as ringtrain does with a bucket's result
+    (no copy back into G). Once, when made, it checks that it computes an allreduce (every rank's W is then the
+    average of the ranks' G); then G is zeroed: the optimizer applies zero gradients (the same arithmetic as any),
+    since G is not the model's gradients."""
 
-    def __init__(self, nbytes, comm):
-        count = -(-nbytes // 4)
+    def __init__(self, parameters, comm):
+        self.parameters = list(parameters)
+        count = sum(p.numel() for p in self.parameters)
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         page_multiple = -(-count * 4 // 4096) * 4096
         self._win = MPI.Win.Allocate_shared(page_multiple, 4, comm=comm)
@@ -213,6 +216,16 @@ class AllreduceTraffic:
         wrong = np.count_nonzero(self.windows[self.rank] != (self.size + 1) / 2)
         if comm.allreduce(wrong):
             raise AssertionError(f"rank {self.rank}: {TRAFFIC} left {wrong} of {count} elements unlike an allreduce")
+        self.gradients[:] = 0
+        self.windows[self.rank][:] = 0
+        flat = torch.from_numpy(self.windows[self.rank])
+        starts = np.cumsum([0] + [p.numel() for p in self.parameters])
+        self.results = [flat[lo:lo + p.numel()].view(p.shape) for lo, p in zip(starts, self.parameters)]
+        comm.Barrier()
+
+    def hand_over(self):
+        for p, result in zip(self.parameters, self.results):
+            p.grad = result
 
     def copy_in(self):
         mine = self.windows[self.rank]
@@ -234,7 +247,9 @@ class AllreduceTraffic:
                 peer[a:b] = result[a:b]
 
     def free(self):
-        self.windows = None
+        self.windows = self.results = None
+        for p in self.parameters:
+            p.grad = None
         self._win.Free()
 
 
@@ -303,8 +318,8 @@ def build(mode, args, comm):
     torch.manual_seed(0)
     model = train_scaling.build_model(torch, args.model, args.width)
     if base == TRAFFIC:
-        nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), AllreduceTraffic(nbytes, comm)
+        return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), AllreduceTraffic(model.parameters(),
+                                                                                                   comm)
     if base == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -369,6 +384,7 @@ def _run_mode(mode, model, optimizer, traffic, args, comm, inputs, labels, engin
             traffic.copy_in()
             comm.Barrier()
             traffic.reduce()
+            traffic.hand_over()
         elif base in RINGTRAIN_MODES:
             optimizer.synchronize()
         t2 = time.perf_counter()
