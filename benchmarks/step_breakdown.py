@@ -2,18 +2,22 @@
 the gradient allreduce (no gradient traffic) -- what every synchronous method pays, and nothing more.
 
     mpiexec -n 2 python benchmarks/step_breakdown.py [--model convnet|mlp|resnet18] [--rounds 3] [--steps 15]
-        [--modes no-comm,lockstep,lockstep+traffic,after-backward,overlap,ddp] [--no-phases] [--json out.json]
+        [--modes no-comm,lockstep,lockstep+traffic,lockstep+traffic:views,after-backward,overlap,ddp]
+        [--no-phases] [--json out.json]
 
 Modes, interleaved in rounds whose order alternates (ABBA; one model and optimizer per mode, training on through
 its rounds; the medians over rounds reported). x lockstep is lockstep's median step over the mode's; (paired) the
 median over rounds of that ratio taken round by round, which cancels load that changes between rounds; x
-lockstep+traffic the same against that mode (the floor of any allreduce's memory traffic):
+lockstep+traffic (and :views) the same against that mode (the floor of an allreduce's memory traffic):
   no-comm         plain torch, no synchronisation at all (the ranks drift apart): does the computation itself run
                   slower when the ranks run in step (shared caches, memory bandwidth)? compare its fwd+bwd cpu
   lockstep        plain torch optimizer; after backward an MPI barrier (the synchronous ceiling)
   lockstep+traffic  lockstep plus, on each rank, the memory traffic any allreduce of the model's gradients among
                   the ranks must move (see AllreduceTraffic): the floor under every allreduce on these cores, with
-                  no synchronisation beyond lockstep's barrier and no per-tensor or bookkeeping work
+                  no synchronisation beyond lockstep's barrier and no per-tensor or bookkeeping work; the
+                  gradients private, as backward leaves them (copied into the window)
+  lockstep+traffic:views  the same with every gradient a view of the window all along (zeroed there, added to by
+                  backward): no copy-in
   after-backward  ringtrain.torch.DistributedOptimizer(overlap=False): synchronize() reduces after backward
   overlap         DistributedOptimizer(overlap=True): buckets are reduced from hooks during backward
   ddp             torch.nn.parallel.DistributedDataParallel (gloo): its allreduces run inside backward()
@@ -95,9 +99,8 @@ from ringtrain.transports.shm import SharedMemoryTransport  # noqa: E402
 WARMUP = 5
 TRAFFIC = "lockstep+traffic"
 MODES = ("no-comm", "lockstep", TRAFFIC, "after-backward", "overlap", "ddp")
-DEFAULT_MODES = MODES
+DEFAULT_MODES = ("no-comm", "lockstep", TRAFFIC, TRAFFIC + ":views", "after-backward", "overlap", "ddp")
 LOCAL_MODES = ("no-comm", "lockstep", TRAFFIC)   # the plain torch optimizer, no ringtrain
-REFERENCES = ("lockstep", TRAFFIC)      # the modes every other mode's step is compared with
 RINGTRAIN_MODES = ("after-backward", "overlap")
 PHASES = ("step_wall", "fwd_bwd", "fwd_bwd_cpu", "wait", "after_last", "step", "engine_cpu", "proc_cpu", "faults")
 BUCKET_PHASES = ("zero", "pack", "python", "agree", "transport", "slots", "unpack", "handle_wait")
@@ -179,33 +182,43 @@ class PhaseClock:
 
 
 class AllreduceTraffic:
-    """The memory traffic any allreduce of the float32 gradients of `parameters` among the N ranks of one node must
+    """The memory traffic an allreduce of the float32 gradients of `parameters` among the N ranks of one node must
     move, per rank, done on buffers allocated once: what is left of an allreduce when its synchronisation (but for
     one barrier), its per-tensor calls and its bookkeeping are taken away.
 
-    The gradients stand as one private buffer G of nbytes (backward leaves them in the process's private memory);
-    each rank has a buffer W of nbytes in an MPI shared-memory window, as ringtrain's buckets are. Rank r owns
-    block r (1/N of the elements). With S = nbytes:
-      copy_in   W_r[block p] <- G[block p] for every peer p: a peer cannot read G        read (N-1)/N S, write (N-1)/N S
+    Each rank has a buffer W of the gradients' size S in an MPI shared-memory window, as ringtrain's buckets are;
+    rank r owns block r (1/N of the elements). Where the gradients lie decides the traffic:
+    private (views=False): backward leaves them in the process's private memory; they stand as one private buffer G
+      copy_in   W_r[block p] <- G[block p] for every peer p: a peer cannot read G   read and write (N-1)/N S
       (the one barrier: every rank's copy-in is done)
-      reduce    W_r[block r] <- (G[block r] + sum of W_q[block r] over peers q) / N, then pushed into every
-                W_q[block r], piece by cache-sized piece (the piece is re-read from cache): read S, write S
-    so, per rank, (2N-1)/N S read and as much written -- 1.5 S each on 2 ranks. That is the minimum: a peer can only
-    read a gradient that is in shared memory (hence the copy-in of the blocks peers reduce); every input element must
-    be read once; every element of the result must land in shared memory on every rank, where the optimizer then
-    reads it: hand_over() points each parameter's .grad at its piece of W, as ringtrain does with a bucket's result
-    (no copy back into G). Once, when made, it checks that it computes an allreduce (every rank's W is then the
-    average of the ranks' G); then G is zeroed: the optimizer applies zero gradients (the same arithmetic as any),
-    since G is not the model's gradients."""
+      reduce    W_r[block r] <- (G[block r] + the W_q[block r] of every peer q) / N, pushed into every W_q[block r],
+                piece by cache-sized piece (the piece is re-read from cache)        read S, write S
+      hand_over points each parameter's .grad at its piece of W_r, where the optimizer reads the result (as ringtrain
+      does with a refilled bucket's), instead of copying it back into G
+      so (2N-1)/N S read and as much written per rank: 1.5 S each on 2 ranks.
+    views (views=True): each .grad is a view of W_r all along (as ringtrain's buckets of small gradients are):
+      zeroing W_r (write S) replaces dropping the .grad, and backward adds into the views (it reads S more than when
+      it hands over fresh gradients); no copy-in; the reduce reads S and writes S in place. That is 2 S each in all,
+      more than private, but without the copy-in after backward.
+    Among allreduces whose every rank holds its own result, these are the least traffic: a peer can read only what
+    is in shared memory, every input element is read once, and every element of the result lands in every rank's W.
+    One result shared by the ranks (each owner writes its block once, S/N instead of S) writes less; built and
+    measured in ringtrain, its transport was 0.35-1.05 ms faster on the convnets and the optimizer's step 0.15-0.7 ms
+    slower, reading the result from the peers' memory (benchmarks/results/shared_result_ab_summary.txt).
+    Once, when made, it checks that it computes an allreduce (every rank's W is then the average of the ranks'
+    gradients); then the gradients are zeroed: the optimizer applies zero gradients (the same arithmetic as any),
+    since G is not the model's gradients and the values in views mode would be the check's."""
 
-    def __init__(self, parameters, comm):
+    def __init__(self, parameters, comm, views=False):
         self.parameters = list(parameters)
+        self.views = views
         count = sum(p.numel() for p in self.parameters)
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         page_multiple = -(-count * 4 // 4096) * 4096
         self._win = MPI.Win.Allocate_shared(page_multiple, 4, comm=comm)
         self.windows = [np.frombuffer(self._win.Shared_query(p)[0], np.float32)[:count] for p in range(self.size)]
-        self.gradients = np.full(count, self.rank + 1, np.float32)
+        self.gradients = self.windows[self.rank] if views else np.empty(count, np.float32)
+        self.gradients[:] = self.rank + 1
         self.blocks = [(count * p // self.size, count * (p + 1) // self.size) for p in range(self.size)]
         self.piece = SharedMemoryTransport.cache_piece_bytes // 4
         comm.Barrier()
@@ -221,13 +234,25 @@ class AllreduceTraffic:
         flat = torch.from_numpy(self.windows[self.rank])
         starts = np.cumsum([0] + [p.numel() for p in self.parameters])
         self.results = [flat[lo:lo + p.numel()].view(p.shape) for lo, p in zip(starts, self.parameters)]
+        if views:
+            self._point_grads()
         comm.Barrier()
 
+    def zero_grad(self):
+        """views: zero W_r (the .grad stay views of it)"""
+        self.windows[self.rank].fill(0)
+
     def hand_over(self):
+        if not self.views:
+            self._point_grads()
+
+    def _point_grads(self):
         for p, result in zip(self.parameters, self.results):
             p.grad = result
 
     def copy_in(self):
+        if self.views:
+            return
         mine = self.windows[self.rank]
         for p, (lo, hi) in enumerate(self.blocks):
             if p != self.rank:
@@ -247,6 +272,9 @@ class AllreduceTraffic:
                 peer[a:b] = result[a:b]
 
     def free(self):
+        if self.views and any(p.grad is None or p.grad.data_ptr() != r.data_ptr()
+                              for p, r in zip(self.parameters, self.results)):
+            raise AssertionError(f"rank {self.rank}: {TRAFFIC}:views: backward did not add into the window")
         self.windows = self.results = None
         for p in self.parameters:
             p.grad = None
@@ -287,6 +315,11 @@ VARIANTS = {
 }
 
 
+def references(modes):
+    """The modes every other mode's step is compared with: lockstep and the traffic floors."""
+    return ["lockstep"] + [m for m in modes if split_mode(m)[0] == TRAFFIC]
+
+
 def split_mode(mode):
     """'after-backward:sleepy' -> ('after-backward', ['sleepy'])."""
     base, _, variants = mode.partition(":")
@@ -318,8 +351,8 @@ def build(mode, args, comm):
     torch.manual_seed(0)
     model = train_scaling.build_model(torch, args.model, args.width)
     if base == TRAFFIC:
-        return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), AllreduceTraffic(model.parameters(),
-                                                                                                   comm)
+        traffic = AllreduceTraffic(model.parameters(), comm, views="views" in split_mode(mode)[1])
+        return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), traffic
     if base == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -369,13 +402,14 @@ def _run_mode(mode, model, optimizer, traffic, args, comm, inputs, labels, engin
     stamps = []
     # :parked -- a thread blocked on a lock takes neither the GIL nor a core
     parking = state.engine()._progress_lock if settings(mode).get("park_engine") else contextlib.nullcontext()
+    zero_grad = traffic.zero_grad if traffic is not None and traffic.views else optimizer.zero_grad
     comm.Barrier()
     for i in range(WARMUP + args.steps):
         faults, engine0, proc0 = minor_faults(), engine_cpu(), process_cpu()
         phases0 = clock.snapshot() if clock is not None else None
         t0, c0 = time.perf_counter(), time.thread_time()
         with parking:
-            optimizer.zero_grad()
+            zero_grad()
             loss_fn(model(inputs), labels).backward()
         t1, c1 = time.perf_counter(), time.thread_time()
         if base == "lockstep":
@@ -453,12 +487,14 @@ def main():
     args = parser.parse_args()
     modes = args.modes.split(",")
     unknown = [m for m in modes if split_mode(m)[0] not in MODES or any(v not in VARIANTS for v in split_mode(m)[1])
-               or (split_mode(m)[1] and split_mode(m)[0] not in RINGTRAIN_MODES)]
-    if TRAFFIC in modes and MPI.COMM_WORLD.Get_size() != MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED).Get_size():
-        parser.error(f"{TRAFFIC} shares memory among the ranks: run every rank on one host")
+               or (split_mode(m)[1] and split_mode(m)[0] not in RINGTRAIN_MODES
+                   and not (split_mode(m)[0] == TRAFFIC and split_mode(m)[1] == ["views"]))]
     if unknown:
-        parser.error(f"unknown modes {unknown}; choose from {list(MODES)}, or a ringtrain mode with variants "
-                     f"({', '.join(VARIANTS)}) as after-backward:sleepy")
+        parser.error(f"unknown modes {unknown}; choose from {list(MODES)}, {TRAFFIC}:views, or a ringtrain mode with "
+                     f"variants ({', '.join(VARIANTS)}) as after-backward:sleepy")
+    if references(modes)[1:] and MPI.COMM_WORLD.Get_size() != MPI.COMM_WORLD.Split_type(
+            MPI.COMM_TYPE_SHARED).Get_size():
+        parser.error(f"{TRAFFIC} shares memory among the ranks: run every rank on one host")
     if args.width is None:
         args.width = 54 if args.model == "mlp" else 64
     torch.set_num_threads(1)
@@ -513,7 +549,7 @@ def summarise(modes, measured):
             summary[mode][phase] = float(np.median(values)) if values else None
         walls = [r["step_wall"] for r in measured[mode]]
         summary[mode]["step_wall_range"] = [min(walls), max(walls)]
-        for reference in REFERENCES:
+        for reference in references(modes):
             if reference in measured:
                 # the reference's step over this mode's, round by round (the two a few seconds apart, so load that
                 # changes between rounds cancels), and its median: a second estimate beside the ratio of the medians
@@ -542,14 +578,14 @@ def report(args, modes, measured, shapes, one_host, load_before):
             layout = ", ".join(f"{count} tensors {nbytes / 2 ** 20:.2f} MB" for count, nbytes in
                                shapes[mode]["buckets"])
             print(f"# {mode} buckets: {layout}")
-    references = [r for r in REFERENCES if r in summary] or ["lockstep"]
-    header = (["mode", "step", "(range)"] + [h for r in references for h in (f"x {r}", "(paired)")]
+    compared = references(modes)
+    header = (["mode", "step", "(range)"] + [h for r in compared for h in (f"x {r}", "(paired)")]
               + ["fwd+bwd", "(cpu)", "wait", "after_last", "opt.step", "engine_cpu", "proc_cpu", "faults"])
     rows = []
     base = summary.get("lockstep")
     for mode in modes:
         s = summary[mode]
-        ratios = [f for r in references for f in
+        ratios = [f for r in compared for f in
                   ((f"{summary[r]['step_wall'] / s['step_wall']:.3f}", f"{s[f'x_{r}_paired']:.3f}")
                    if r in summary else ("-", "-"))]
         rows.append([mode, _ms(s["step_wall"]), f"{s['step_wall_range'][0]:.1f}-{s['step_wall_range'][1]:.1f}"]
@@ -575,10 +611,10 @@ def report(args, modes, measured, shapes, one_host, load_before):
                 nbytes = shapes[mode]["gradient_bytes"]
                 print(f"# {mode}: {nbytes / 2 ** 20:.1f} MB of gradients allreduced per step in {transport:.2f} ms "
                       f"of transport and slots: {nbytes / transport / 1e6:.1f} GB/s (algbw)")
-    for reference in references:
+    for reference in compared:
         base = summary.get(reference)
         for mode in modes:
-            if base is None or mode in (LOCAL_MODES[:2] if reference == "lockstep" else LOCAL_MODES):
+            if base is None or split_mode(mode)[0] in (LOCAL_MODES[:2] if reference == "lockstep" else LOCAL_MODES):
                 continue
             s = summary[mode]
             parts = ", ".join(f"{name} {s[key] - base[key]:+.1f}" for name, key in

@@ -178,8 +178,8 @@ def test_projection_formulas():
 
 
 def test_step_breakdown_quick(tmp_path):
-    """Every mode runs on 2 ranks (lockstep+traffic checks, when made, that its work is an allreduce: the script
-    fails otherwise); the cross-rank stamps are consistent: no rank leaves the barrier or
+    """Every mode runs on 2 ranks (lockstep+traffic and its :views check, when made, that their work is an
+    allreduce: the script fails otherwise); the cross-rank stamps are consistent: no rank leaves the barrier or
     synchronize() before the last rank finished its backward (after_last >= 0), and waits are never negative.
     With overlap a rank's last bucket leaves from a hook inside backward(), so a peer may finish that allreduce
     while this rank is still returning from backward(): there after_last may dip below 0 by that return's time
@@ -193,7 +193,8 @@ def test_step_breakdown_quick(tmp_path):
     with open(out_json) as f:
         result = json.load(f)
     assert result["one_host"] and set(result["per_round"]) == {"no-comm", "lockstep", "lockstep+traffic",
-                                                                 "after-backward", "overlap", "ddp"}
+                                                                 "lockstep+traffic:views", "after-backward",
+                                                                 "overlap", "ddp"}
     for mode, rounds in result["per_round"].items():
         for r in rounds:
             if mode in ("no-comm", "ddp"):    # free-running ranks share no step; DDP meets inside backward()
@@ -211,8 +212,9 @@ def test_step_breakdown_quick(tmp_path):
                     assert buckets["engine.transport"][0] == 0, buckets
     assert "after-backward against lockstep:" in stdout and "overlap against lockstep:" in stdout
     # the floor of the allreduce's memory traffic (it checked, when made, that it computes one)
-    assert "after-backward against lockstep+traffic:" in stdout
-    assert result["summary"]["after-backward"]["x_lockstep+traffic_paired"] > 0
+    for floor in ("lockstep+traffic", "lockstep+traffic:views"):
+        assert f"after-backward against {floor}:" in stdout
+        assert result["summary"]["after-backward"][f"x_{floor}_paired"] > 0
     assert "ringtrain's time per step by bucket phase" in stdout
 
 

@@ -693,6 +693,12 @@ MUTANTS = [
            (Tests((BENCHMARKS,), select="step_breakdown_quick"),),
            "lockstep+traffic leaves out the copy-in of the blocks peers reduce: peers reduce whatever the window "
            "held"),
+    Mutant("step_breakdown_traffic_views_floor_without_views", "benchmarks/step_breakdown.py",
+           "        if views:\n            self._point_grads()\n",
+           "",
+           (Tests((BENCHMARKS,), select="step_breakdown_quick"),),
+           "lockstep+traffic:views never points the .grad at the window: backward hands over fresh gradients that "
+           "nothing reads, and the floor leaves out the zeroing and the adds"),
 ]
 
 
