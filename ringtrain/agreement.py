@@ -64,6 +64,7 @@ class CoordinatorAgreement:
     def __init__(self, ctrl, config, watchdog, cache_capacity):
         self.ctrl, self.config, self.watchdog = ctrl, config, watchdog
         self.rank, self.size = ctrl.Get_rank(), ctrl.Get_size()
+        self.drives_mpi = config.elastic     # see progress()
         self.coordinator = (Coordinator(self.size, config.fusion_threshold, config.stall_warning_s,
                                         config.stall_timeout_s, cache_capacity=cache_capacity,
                                         synchronous=self.synchronous) if self.rank == 0 else None)
@@ -166,6 +167,19 @@ class CoordinatorAgreement:
         """Test outstanding sends: MPI moves a large (rendezvous) message only while the sender calls into MPI."""
         if self._sends:
             self._sends = [r for r in self._sends if not r.Test()]
+
+    def progress(self):
+        """What every wait calls between polls (Watchdog.progress): progress_sends, and in a world whose MPI
+        progresses only inside MPI calls (drives_mpi) one Iprobe, so MPI moves what this rank already handed to it.
+
+        An elastic world is made of dynamic processes: every message between them, on one node too, goes through
+        MPICH's network module (ofi), which moves data only while the process calls into MPI. A request can be
+        complete here while its data has not left: the root of a broadcast, a ring step's send, the coordinator's
+        answer. A rank that then waits on shared memory (a cycle in the window, the shm transport) or sleeps would
+        leave its peers waiting until its next MPI call -- the Watchdog's peer check, every peer_check_s."""
+        self.progress_sends()
+        if self.drives_mpi:
+            self.ctrl.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)
 
     def announce_failure(self, message):
         """Tell every peer this rank's engine failed (best effort: this rank is failing, MPI may be too). A

@@ -59,7 +59,7 @@ class Engine:
                                         shared=self.executor.transport("cpu").holds)
         # waits inside transports keep our control messages moving (see Watchdog.progress), and end when a peer
         # says its engine failed
-        self.watchdog.progress = self.agreement.progress_sends
+        self.watchdog.progress = self.agreement.progress
         self.watchdog.failed_peer = self.agreement.failed_peer
         self.requests = {}              # name -> Request taken from the queue, not yet run (progress lock)
         self._running = ()              # the requests of the collective being executed
@@ -323,6 +323,8 @@ class Engine:
         if actions:
             busy = True
             self._execute(actions)
+        elif self.agreement.drives_mpi:
+            self.agreement.progress()       # MPI moves what this rank handed it only inside MPI calls
         self.watchdog.check("the next collective")
         return busy
 

@@ -111,6 +111,17 @@ def test_a_survivors_send_to_the_worker_that_died_returns():
     assert re.search(r"^rank 0: SEND TO THE DEAD (returned|raised)", job.output, re.M), job
 
 
+def test_waits_drive_mpi_progress_without_peer_checks():
+    """Each rank's waits move MPI's data (an elastic world's network module moves it only inside MPI calls), not only
+    the Watchdog's peer checks: with those pushed out of reach the broadcasts and allreduces still complete."""
+    job = run_elastic("-np", "3", "--min-np", "3", script="progress_between_mpi_calls.py",
+                      RINGTRAIN_PEER_CHECK_S=1e6, RINGTRAIN_STALL_TIMEOUT_S=20)
+    assert job.returncode == 0, job
+    steps = job.lines("STEP")
+    assert sorted(steps) == [0, 1, 2] and all(len(s) == 3 and {x["ok"] for x in s} == {"True"}
+                                           for s in steps.values()), job
+
+
 def _discovery_script(tmp_path, hosts):
     hosts_file = tmp_path / "hosts"
     hosts_file.write_text(hosts)

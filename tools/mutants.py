@@ -667,6 +667,12 @@ MUTANTS = [
            (Tests((ELASTIC,), select="send_to_the_worker_that_died"),),
            "elastic workers on MPICH's default (ucx) network module: a survivor's send to a worker that just died "
            "crashes it inside MPI_Isend"),
+    Mutant("elastic_waits_leave_mpi_progress_to_the_peer_checks", "ringtrain/agreement.py",
+           "        self.drives_mpi = config.elastic     # see progress()\n",
+           "        self.drives_mpi = False\n",
+           (Tests((ELASTIC,), select="drive_mpi_progress"),),
+           "an elastic world's waits and idle engine passes make no MPI call of their own: a root's broadcast data "
+           "sits in its process until the next peer check, every peer_check_s"),
     Mutant("elastic_sync_unites_the_sampler_records", "ringtrain/elastic/torch_state.py",
            "        self.value.load_state_dict(collectives.broadcast_object(self.value.state_dict(), root_rank=0))\n",
            "        state_dict = collectives.broadcast_object(self.value.state_dict(), root_rank=0)\n"
