@@ -26,6 +26,8 @@ import sys
 import threading
 import time
 
+from mpi4py import MPI
+
 from . import errors
 from .agreement import make_agreement
 from .engine_model import Abort, Collective, Failed, JoinDone, Shutdown, Warn
@@ -240,9 +242,10 @@ class Engine:
 
     def _pass_failed(self, e):
         """Whatever a pass raised becomes the engine's failure (KeyboardInterrupt and SystemExit go on up)."""
-        if isinstance(e, _FailedIn) and self.size > 1:
-            # an MPI call can fail on a peer that was just killed before the watchdog's next look: name the peer,
-            # not a crash of this engine
+        if isinstance(e, (_FailedIn, MPI.Exception)) and self.size > 1:
+            # an MPI call can fail on a peer that was just killed before the watchdog's next look -- in a collective,
+            # or in the agreement's own sends and probes (MPICH's ofi returns an error there): name the peer, not a
+            # crash of this engine
             e = self.watchdog.peer_failure() or e
         if isinstance(e, RankFailureError):       # a peer died, failed, or this world was abandoned
             self._fail(e, fatal_peer=True)

@@ -673,6 +673,16 @@ MUTANTS = [
            (Tests((ELASTIC,), select="drive_mpi_progress"),),
            "an elastic world's waits and idle engine passes make no MPI call of their own: a root's broadcast data "
            "sits in its process until the next peer check, every peer_check_s"),
+    Mutant("mpi_broadcast_starts_after_the_world_was_aborted", "ringtrain/transports/mpi_util.py",
+           "        self.watchdog.check_sendable(what)\n", "",
+           (Tests(("tests/test_engine_failures.py",), select="aborted"),),
+           "a broadcast agreed just before an elastic world's abort starts its sends towards the dead worker"),
+    Mutant("engine_names_an_mpi_error_a_crash_not_the_dead_peer", "ringtrain/engine.py",
+           "        if isinstance(e, (_FailedIn, MPI.Exception)) and self.size > 1:\n",
+           "        if isinstance(e, _FailedIn) and self.size > 1:\n",
+           (Tests(("tests/test_engine_failures.py",), select="names_the_peer"),),
+           "an MPI error from the agreement's send to a just-killed peer (ofi) reads 'engine crashed' instead of "
+           "naming the dead rank"),
     Mutant("elastic_sync_unites_the_sampler_records", "ringtrain/elastic/torch_state.py",
            "        self.value.load_state_dict(collectives.broadcast_object(self.value.state_dict(), root_rank=0))\n",
            "        state_dict = collectives.broadcast_object(self.value.state_dict(), root_rank=0)\n"

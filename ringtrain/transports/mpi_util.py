@@ -145,13 +145,16 @@ def reduce_op(op, dtype):
 
 class NonblockingBroadcastAlltoall:
     """broadcast and alltoall for host transports: split nonblocking MPI calls waited through the watchdog.
-    Mixed in before Transport; needs self.comm, self.size, self.watchdog, self._wire and self._limit."""
+    Mixed in before Transport; needs self.comm, self.size, self.watchdog, self._wire and self._limit.
+    Each collective starts only while its world was not aborted (Watchdog.check_sendable): it sends to peers."""
 
     def broadcast(self, buf, root):
         if self.size == 1:
             return
-        self.watchdog.wait_requests(ibcast_split(self.comm, buf, root, self._wire, self._limit),
-                                    f"broadcast from rank {root}")
+        what = f"broadcast from rank {root}"
+        self.watchdog.check_sendable(what)
+        self.watchdog.wait_requests(ibcast_split(self.comm, buf, root, self._wire, self._limit), what)
 
     def alltoall(self, send, send_counts, recv, recv_counts):
+        self.watchdog.check_sendable("alltoall")
         alltoall_split(self.comm, send, send_counts, recv, recv_counts, self._wire, self._limit, self.watchdog)
