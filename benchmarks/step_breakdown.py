@@ -613,8 +613,10 @@ def report(args, modes, measured, shapes, one_host, load_before):
                       f"of transport and slots: {nbytes / transport / 1e6:.1f} GB/s (algbw)")
     for reference in compared:
         base = summary.get(reference)
+        # the floors are plain torch too, but worth comparing with lockstep: what the bytes alone cost
+        skipped = ("no-comm", "lockstep") if reference == "lockstep" else LOCAL_MODES
         for mode in modes:
-            if base is None or split_mode(mode)[0] in (LOCAL_MODES[:2] if reference == "lockstep" else LOCAL_MODES):
+            if base is None or split_mode(mode)[0] in skipped:
                 continue
             s = summary[mode]
             parts = ", ".join(f"{name} {s[key] - base[key]:+.1f}" for name, key in
