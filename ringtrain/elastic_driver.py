@@ -171,8 +171,8 @@ class ElasticDriver:
         # MPICH's ucx module crashes a survivor that sends to a worker that just died (a segmentation fault inside
         # MPI_Isend: after the failed send it writes to the request it never created), and a send can leave before
         # the driver's word of the death arrives; its ofi module returns an error. Measured here: ofi's allreduces
-        # are faster between the separately started processes of an elastic world, but the first messages of a new
-        # world slower (recovery with 2-3 survivors +1.5-4 s, docs/guides/elastic.md).
+        # are faster between the separately started processes of an elastic world; ofi moves data only inside MPI
+        # calls, so the engine's waits probe MPI in elastic worlds (CoordinatorAgreement.progress).
         env.setdefault("MPIR_CVAR_CH4_NETMOD", "ofi")
         env.update({DRIVER_VARIABLE: f"{'127.0.0.1' if is_local(host) else _address()}:{self.port}",
                     WORKER_VARIABLE: worker_id, HOST_VARIABLE: host, "RINGTRAIN_ELASTIC": "1",
