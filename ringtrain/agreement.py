@@ -64,7 +64,7 @@ class CoordinatorAgreement:
     def __init__(self, ctrl, config, watchdog, cache_capacity):
         self.ctrl, self.config, self.watchdog = ctrl, config, watchdog
         self.rank, self.size = ctrl.Get_rank(), ctrl.Get_size()
-        self.drives_mpi = config.elastic     # see progress()
+        self.drives_mpi = config.drive_mpi_progress     # see progress()
         self.coordinator = (Coordinator(self.size, config.fusion_threshold, config.stall_warning_s,
                                         config.stall_timeout_s, cache_capacity=cache_capacity,
                                         synchronous=self.synchronous) if self.rank == 0 else None)
@@ -172,8 +172,9 @@ class CoordinatorAgreement:
         """What every wait calls between polls (Watchdog.progress): progress_sends, and in a world whose MPI
         progresses only inside MPI calls (drives_mpi) one Iprobe, so MPI moves what this rank already handed to it.
 
-        An elastic world is made of dynamic processes: every message between them, on one node too, goes through
-        MPICH's network module (ofi), which moves data only while the process calls into MPI. A request can be
+        A world joined from separately started processes (elastic, torchrun-style) is made of dynamic processes: every
+        message between them, on one node too, goes through MPICH's network module, and ofi moves data only while the
+        process calls into MPI (init() sets config.drive_mpi_progress for such worlds). A request can be
         complete here while its data has not left: the root of a broadcast, a ring step's send, the coordinator's
         answer. A rank that then waits on shared memory (a cycle in the window, the shm transport) or sleeps would
         leave its peers waiting until its next MPI call -- the Watchdog's peer check, every peer_check_s."""

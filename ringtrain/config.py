@@ -30,6 +30,9 @@ class Config:
                                        # (auto: the compiled XLA FFI handler, else JAX's Python host callback)
     elastic: bool = False              # a dead peer ends only this world (ringtrain.elastic forms the next one):
                                        # no forced exit of the process, and the old world is abandoned, not freed
+    drive_mpi_progress: bool = False   # every wait and idle engine pass makes an MPI call (one probe), for MPI
+                                       # network modules that move data only inside MPI calls; init() turns it on
+                                       # in worlds joined from separately started processes (elastic, torchrun)
 
     @classmethod
     def from_env(cls, **overrides):

@@ -12,6 +12,7 @@ from ringtrain.launchers.environment import LaunchError, Rendezvous, plan_world
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "tests", "launcher_scripts", "joined_allreduce.py")
+WAITS_DRIVE_MPI = os.path.join(REPO, "tests", "elastic_scripts", "progress_between_mpi_calls.py")
 TORCH = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29500", "LOCAL_RANK": "1"}
 HYDRA_ONE = {"PMI_SIZE": "1", "PMI_RANK": "0", "PMI_FD": "9"}
 
@@ -53,13 +54,13 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _start_ranks(size, with_mpiexec):
+def _start_ranks(size, with_mpiexec, script=SCRIPT, **env_extra):
     port = _free_port()
     procs = []
     for rank in range(size):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
-        cmd = [sys.executable, SCRIPT]
+                   PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1", **env_extra)
+        cmd = [sys.executable, script]
         if with_mpiexec:
             cmd = [run.find_mpiexec(), "-n", "1"] + cmd
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -85,6 +86,20 @@ def test_two_mpiexec_n_1_processes_with_world_size_2_become_one_world():
         assert code == 0, out
         # joined processes cannot map one shared window (MPICH), so the topology gives each its own node
         assert f"rank {rank} of 2 via mpi: [3, 3, 3, 3, 3]" in out, out
+
+
+@pytest.mark.timeout(150)
+def test_a_joined_worlds_waits_drive_mpi_progress_on_ofi():
+    """Joined processes talk through MPI's network module; MPICH's ofi moves data only inside MPI calls. With the
+    peer checks out of reach, a root's broadcast data reaches its peers only through the waits' own MPI calls;
+    without them every rank ends in a StallError after the stall timeout."""
+    if run.mpi_flavor(run.find_mpiexec()) != "hydra":
+        pytest.skip("joining 1-rank jobs was measured with MPICH's hydra only")
+    outputs = _start_ranks(3, with_mpiexec=True, script=WAITS_DRIVE_MPI, MPIR_CVAR_CH4_NETMOD="ofi",
+                           RINGTRAIN_PEER_CHECK_S="1e6", RINGTRAIN_STALL_TIMEOUT_S="20")
+    for rank, (code, out) in enumerate(outputs):
+        assert code == 0, out
+        assert [f"rank {rank}: STEP step={step} ok=True" in out for step in range(3)] == [True] * 3, out
 
 
 @pytest.mark.timeout(150)

@@ -34,10 +34,14 @@ def launched_world(comm_world, config):
     from ..elastic import worker
     if worker.enabled():
         config.elastic = True      # a dead peer ends only this world; the driver forms the next
+        config.drive_mpi_progress = True      # a joined world (below)
         return worker.elastic_world(timeout_s=max(config.stall_timeout_s, 60.0))
     kind, rendezvous = plan_world(os.environ, comm_world.Get_size())
     if kind == "mpi":
         return comm_world
+    # Every message between separately started processes crosses MPI's network module, on one machine too; MPICH's
+    # ofi moves data there only while the process is inside an MPI call, so the engine's waits must make one
+    config.drive_mpi_progress = True
     return join_world(*rendezvous, timeout_s=max(config.stall_timeout_s, 30.0))
 
 
