@@ -51,8 +51,9 @@ def worker(steps, warmup, drive):
     from ringtrain import state as core_state
     torch.set_num_threads(1)
     hvd.init()
+    _, engine, config, _ = core_state._state
     if drive is not None:
-        core_state._state[1].agreement.drives_mpi = drive     # the benchmark's switch only: see the module docstring
+        engine.agreement.drives_mpi = drive     # the benchmark's switch only: see the module docstring
     rank, size = hvd.rank(), hvd.size()
     model = mlp()
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -96,8 +97,8 @@ def worker(steps, warmup, drive):
     unlike = int(hvd.allreduce(torch.tensor([float(unlike)]), op=hvd.Sum, name="unlike").item())
     wrong = int(hvd.allreduce(torch.tensor([float(wrong)]), op=hvd.Sum, name="wrong").item())
     if rank == 0:
-        print("STEPS " + json.dumps({"size": size, "times": times, "wrong": wrong, "out_of_sync": unlike}),
-              flush=True)
+        print("STEPS " + json.dumps({"size": size, "times": times, "wrong": wrong, "out_of_sync": unlike,
+                                     "elastic": config.elastic, "drives_mpi": engine.agreement.drives_mpi}), flush=True)
     hvd.shutdown()
 
 

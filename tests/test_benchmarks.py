@@ -453,3 +453,23 @@ def test_commit_ab_orders_arms_abba_and_compares_medians_best_jobs_and_lockstep_
     assert float(old_best) == 110.0 and float(new_best) == 120.0 and float(best_ratio) == pytest.approx(1.09, abs=0.01)
     assert float(rows["mlp ringtrain/lockstep 2"][2]) == pytest.approx(0.96 / 0.84, abs=0.01)
     assert "all jobs: 0" in commit_ab.summarize("train", jobs)
+
+
+def test_elastic_steps_quick(tmp_path):
+    """One plain and one elastic job on 2 workers, a few steps each: each launch made the world it names (an
+    elastic one drives MPI's progress in its waits), every loop timed, every allreduce, broadcast and allgather
+    right and the parameters in sync (the script exits non-zero otherwise), and the table says so."""
+    out_json = str(tmp_path / "steps.json")
+    out = run_script([sys.executable, os.path.join(BENCH_DIR, "elastic_steps.py"), "--workers", "2", "--repeats", "1",
+                      "--steps", "3", "--warmup", "1", "--launches", "plain", "elastic", "--json", out_json],
+                     timeout=120)
+    records = json.load(open(out_json))["workers"]["2"]
+    for launch in ("plain", "elastic"):
+        record = records[launch]
+        assert (record["failed"], record["wrong"], record["out_of_sync"], len(record["jobs"])) == (0, 0, 0, 1), out
+        job = record["jobs"][0]
+        assert job["elastic"] == job["drives_mpi"] == (launch == "elastic"), job    # the world init() made
+        assert {loop: s["steps"] for loop, s in record["summary"].items()} == {
+            loop: 3 for loop in ("model", "model+commit", "allgather_obj", "4KB", "1MB", "1MB bcast")}, out
+    rows = [line.split() for line in out.splitlines()[1:]]
+    assert len(rows) == 12 and all(row[-3:] == ["0", "0", "0"] for row in rows), out

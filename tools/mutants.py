@@ -677,6 +677,10 @@ MUTANTS = [
            (Tests(("tests/test_launch_environment.py",), select="drive_mpi_progress"),),
            "a torchrun-style joined world's waits make no MPI call of their own: on MPICH's ofi a root's broadcast "
            "data sits in its process until the next peer check, every peer_check_s"),
+    Mutant("elastic_steps_elastic_launch_is_plain", "benchmarks/elastic_steps.py",
+           '["--min-np", str(n)] if kind == "elastic"', '[] if kind == "elastic"',
+           (Tests(("tests/test_benchmarks.py",), select="elastic_steps"),),
+           "the benchmark's elastic arm runs a plain mpiexec job: elastic / plain reads 1.0 whatever elastic costs"),
     Mutant("agreement_ignores_drive_mpi_progress", "ringtrain/agreement.py",
            "        self.drives_mpi = config.drive_mpi_progress     # see progress()\n",
            "        self.drives_mpi = False\n",
