@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from ringtrain import run
+from ringtrain.launchers import task
 from ringtrain.launchers.environment import LaunchError, Rendezvous, plan_world
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -100,6 +101,24 @@ def test_a_joined_worlds_waits_drive_mpi_progress_on_ofi():
     for rank, (code, out) in enumerate(outputs):
         assert code == 0, out
         assert [f"rank {rank}: STEP step={step} ok=True" in out for step in range(3)] == [True] * 3, out
+
+
+@pytest.mark.parametrize("user_env", [{}, {"MPIR_CVAR_CH4_NETMOD": "ucx"}])
+def test_a_spark_or_ray_rank_runs_on_mpichs_ofi_module_unless_told_otherwise(monkeypatch, user_env):
+    """launchers/task.py starts each rank as `mpiexec -n 1`: on ofi the joined ranks of one machine share memory."""
+    started = []
+
+    def fake_run(cmd, env, **kwargs):
+        started.append(env)
+        return subprocess.CompletedProcess(cmd, 1, stderr=b"")
+
+    monkeypatch.delenv("MPIR_CVAR_CH4_NETMOD", raising=False)
+    monkeypatch.setattr(task.subprocess, "run", fake_run)
+    with pytest.raises(task.RankFailedError, match="rank 1 failed"):
+        task.run_rank(b"", 1, 2, "127.0.0.1", 29500, env=user_env)
+    [env] = started
+    assert env["MPIR_CVAR_CH4_NETMOD"] == user_env.get("MPIR_CVAR_CH4_NETMOD", "ofi")
+    assert (env["RANK"], env["WORLD_SIZE"]) == ("1", "2")
 
 
 @pytest.mark.timeout(150)

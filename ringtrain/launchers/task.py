@@ -48,6 +48,11 @@ def run_rank(payload, rank, size, master_addr, master_port, env=None):
             f.write(payload)
         rank_env = dict(os.environ, **(env or {}), RANK=str(rank), WORLD_SIZE=str(size),
                         MASTER_ADDR=str(master_addr), MASTER_PORT=str(master_port), LOCAL_RANK="0")
+        # The ranks are separately started MPI jobs joined at init(), so every message between them goes through
+        # MPICH's network module. On ofi, ranks on one machine share memory (the shm transport) and a joined world
+        # trains at a plain mpiexec job's speed; on ucx each is its own node (the mpi transport, 1.5x slower steps
+        # measured at 3-4 ranks), and ucx crashed a process sending to a peer that had just died.
+        rank_env.setdefault("MPIR_CVAR_CH4_NETMOD", "ofi")
         cmd = [find_mpiexec(), "-n", "1", sys.executable, "-m", "ringtrain.launchers.worker", payload_path,
                result_path]
         proc = subprocess.run(cmd, env=rank_env, stdin=subprocess.DEVNULL, stdout=None, stderr=subprocess.PIPE,
