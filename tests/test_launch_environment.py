@@ -85,8 +85,11 @@ def test_two_mpiexec_n_1_processes_with_world_size_2_become_one_world():
     outputs = _start_ranks(2, with_mpiexec=True)
     for rank, (code, out) in enumerate(outputs):
         assert code == 0, out
-        # joined processes cannot map one shared window (MPICH), so the topology gives each its own node
+        # joined processes cannot map one shared window on MPICH's default module, so the topology gives each its
+        # own node, and says how to share memory
         assert f"rank {rank} of 2 via mpi: [3, 3, 3, 3, 3]" in out, out
+        assert "ranks [0, 1] share this machine but cannot map one shared-memory window" in out, out
+        assert "MPIR_CVAR_CH4_NETMOD=ofi" in out, out
 
 
 @pytest.mark.timeout(150)
@@ -101,6 +104,7 @@ def test_a_joined_worlds_waits_drive_mpi_progress_on_ofi():
     for rank, (code, out) in enumerate(outputs):
         assert code == 0, out
         assert [f"rank {rank}: STEP step={step} ok=True" in out for step in range(3)] == [True] * 3, out
+        assert "cannot map one shared-memory window" not in out, out     # on ofi they share memory
 
 
 @pytest.mark.parametrize("user_env", [{}, {"MPIR_CVAR_CH4_NETMOD": "ucx"}])
