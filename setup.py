@@ -85,7 +85,7 @@ setup(
         # the documentation site: `mkdocs build --strict` (tests/test_docs.py runs it)
         "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"],
     },
-    entry_points={"console_scripts": ["ringtrain-run = ringtrain.run:main"]},
+    entry_points={"console_scripts": ["ringtrain-run = ringtrain.launch.run:main"]},
     classifiers=[
         "Development Status :: 3 - Alpha",
         "Intended Audience :: Developers",

@@ -316,7 +316,7 @@ class RawTransport:
     def start(self):
         from ringtrain.config import Config
         from ringtrain.transports import transport_class
-        from ringtrain.watchdog import Watchdog
+        from ringtrain.engine.watchdog import Watchdog
         cls = transport_class(self.transport)
         node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
         on_one_node = node.Get_size() == self.comm.Get_size()

@@ -72,7 +72,7 @@ def worker():
 
 def one_job(n, timeout_s):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "ringtrain.run", "-np", str(n), "--min-np", str(n - 1),
+    cmd = [sys.executable, "-m", "ringtrain.launch.run", "-np", str(n), "--min-np", str(n - 1),
            sys.executable, os.path.abspath(__file__), "--worker"]
     try:
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)

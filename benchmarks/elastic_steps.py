@@ -48,7 +48,7 @@ def worker(steps, warmup, drive):
     import torch
 
     import ringtrain.torch as hvd
-    from ringtrain import state as core_state
+    from ringtrain.core import state as core_state
     torch.set_num_threads(1)
     hvd.init()
     _, engine, config, _ = core_state._state
@@ -118,7 +118,7 @@ def _free_port():
 
 def one_job(n, launch, steps, warmup, timeout_s):
     """Rank 0's STEPS record of one job, or None (the reason printed)."""
-    from ringtrain import run
+    from ringtrain.launch import run
     kind, options = split_launch(launch)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     if "ofi" in options:
@@ -134,7 +134,7 @@ def one_job(n, launch, steps, warmup, timeout_s):
                                            MASTER_PORT=str(port)))
                  for r in range(n)]
     else:
-        cmd = [sys.executable, "-m", "ringtrain.run", "-np", str(n)] + (["--min-np", str(n)] if kind == "elastic"
+        cmd = [sys.executable, "-m", "ringtrain.launch.run", "-np", str(n)] + (["--min-np", str(n)] if kind == "elastic"
                                                                         else [])
         procs = [subprocess.Popen(cmd + script, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                   start_new_session=True, env=env)]

@@ -26,7 +26,7 @@ import train_scaling  # noqa: E402
 from common import format_table, machine_info, print_and_save, source_commit  # noqa: E402
 
 import ringtrain.torch as hvd  # noqa: E402
-from ringtrain import state  # noqa: E402
+from ringtrain.core import state  # noqa: E402
 
 WARMUP = 3
 PATHS = {"express": "express", "handle": "general (cycle decided otherwise)", "none": "general (express busy)"}

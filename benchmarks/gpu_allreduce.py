@@ -15,7 +15,7 @@ from mpi4py import MPI
 from ringtrain import gpu
 from ringtrain.config import Config
 from ringtrain.ops import ReduceOp
-from ringtrain.watchdog import Watchdog
+from ringtrain.engine.watchdog import Watchdog
 
 
 def main():

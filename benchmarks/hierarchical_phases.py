@@ -27,7 +27,7 @@ from ringtrain.ops import ReduceOp                                     # noqa: E
 from ringtrain.topology import Topology                                # noqa: E402
 from ringtrain.transports.hierarchical import HierarchicalTransport    # noqa: E402
 from ringtrain.transports.mpi import MPITransport                      # noqa: E402
-from ringtrain.watchdog import Watchdog                                # noqa: E402
+from ringtrain.engine.watchdog import Watchdog                                # noqa: E402
 
 
 class Stopwatch:

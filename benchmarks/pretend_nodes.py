@@ -128,7 +128,7 @@ def raw_rounds(ops, sizes, comm, args):
     from ringtrain.topology import Topology
     from ringtrain.transports.hierarchical import HierarchicalTransport
     from ringtrain.transports.mpi import MPITransport
-    from ringtrain.watchdog import Watchdog
+    from ringtrain.engine.watchdog import Watchdog
     topology = Topology(comm, simulate_nodes=2)
     transports = {"hierarchical": HierarchicalTransport(topology, Config(), Watchdog()),
                   "flat": MPITransport(comm.Dup(), Config(), Watchdog())}

@@ -18,7 +18,7 @@ from common import format_table, machine_info, print_and_save, source_commit
 from ringtrain.config import Config
 from ringtrain.ops import ReduceOp
 from ringtrain.transports.shm import SharedMemoryTransport
-from ringtrain.watchdog import Watchdog
+from ringtrain.engine.watchdog import Watchdog
 
 
 def main():

@@ -33,7 +33,7 @@ from ringtrain.config import Config
 from ringtrain.ops import ReduceOp
 from ringtrain.transports.base import even_counts, offsets
 from ringtrain.transports.shm import SharedMemoryTransport
-from ringtrain.watchdog import Watchdog
+from ringtrain.engine.watchdog import Watchdog
 
 ARMS = ("own", "shared", "views-own", "views-shared")
 

@@ -107,7 +107,7 @@ def main(argv=None):
     world = MPI.COMM_WORLD
     all_wrong = world.allreduce(wrong, op=MPI.SUM)
     max_growth = world.allreduce(growth, op=MPI.MAX)
-    cache = len(rt.state.engine().agreement.cache)
+    cache = len(rt.core.state.engine().agreement.cache)
     for msg in messages:
         print(msg, file=sys.stderr, flush=True)
     transport = rt.transport_name()

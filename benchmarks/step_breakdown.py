@@ -91,7 +91,9 @@ import train_scaling  # noqa: E402  (the same models and data as the scaling ben
 
 import ringtrain  # noqa: E402
 import ringtrain.torch as hvd  # noqa: E402
-from ringtrain import agreement, executor, reducer, state, watchdog  # noqa: E402
+from ringtrain.engine import agreement, executor, watchdog
+from ringtrain.reducer import reducer
+from ringtrain.core import state  # noqa: E402
 from ringtrain.torch import optimizer as torch_optimizer  # noqa: E402
 from ringtrain.transports.mpi_util import pieces  # noqa: E402
 from ringtrain.transports.shm import SharedMemoryTransport  # noqa: E402

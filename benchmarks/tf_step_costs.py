@@ -44,7 +44,7 @@ def one_buffer(fn):
 
 def core_paths(rt, tf_arrays, shared_buckets):
     """name -> a function doing one call; each returns the averaged arrays (or None where it does not average)."""
-    from ringtrain import state
+    from ringtrain.core import state
     from ringtrain.ops import ReduceOp
     rng = np.random.default_rng(rt.rank())
     grads = [tf_arrays.aligned_empty(s, np.float32) for s in SHAPES]
@@ -106,7 +106,7 @@ def run_fit(rt, rounds, only=None):
     import keras
     import tensorflow as tf
     import ringtrain.keras as hvd
-    from ringtrain import watchdog
+    from ringtrain.engine import watchdog
     from ringtrain.tensorflow import arrays as tf_arrays
     from ringtrain.tensorflow import functions, gradients
     host = {"wall": 0.0, "cpu": 0.0, "calls": 0}

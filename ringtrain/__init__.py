@@ -9,17 +9,17 @@ numpy itself lacks. The torch binding (Horovod names, DistributedOptimizer) is r
 Keras's are ringtrain.tensorflow and ringtrain.keras.
 """
 from . import errors
-from .collectives import (allgather, allgather_async, allgather_object, allreduce, allreduce_async, alltoall,
-                          alltoall_async, barrier, broadcast, broadcast_async, broadcast_object, grouped_allgather,
-                          grouped_allgather_async, grouped_allreduce, grouped_allreduce_async, grouped_reducescatter,
-                          grouped_reducescatter_async, join, poll, reducescatter, reducescatter_async, synchronize)
+from .core.collectives import (allgather, allgather_async, allgather_object, allreduce, allreduce_async,
+                               alltoall, alltoall_async, barrier, broadcast, broadcast_async, broadcast_object, grouped_allgather,
+                               grouped_allgather_async, grouped_allreduce, grouped_allreduce_async, grouped_reducescatter,
+                               grouped_reducescatter_async, join, poll, reducescatter, reducescatter_async, synchronize)
 from .errors import (NotInitializedError, RankFailureError, RingtrainError, ShutdownError, StallError,
                      TensorMismatchError, TransportError, UnsupportedDtypeError, UnsupportedOperationError)
-from .handle import Handle
-from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from .engine.handle import Handle
+from .core.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .ops import Average, Max, Min, Product, ReduceOp, Sum, bfloat16
-from .shared_arrays import empty_shared
-from .state import (config, cross_rank, cross_size, gpu_device, init, is_homogeneous, is_initialized, local_rank,
-                    local_size, rank, shutdown, size, start_timeline, stop_timeline, transport_name)
+from .core.shared_arrays import empty_shared
+from .core.state import (config, cross_rank, cross_size, gpu_device, init, is_homogeneous, is_initialized,
+                         local_rank, local_size, rank, shutdown, size, start_timeline, stop_timeline, transport_name)
 
 __version__ = "0.1.0"

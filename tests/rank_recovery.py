@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import ringtrain
-from ringtrain import state
+from ringtrain.core import state
 from ringtrain.errors import RingtrainError
 
 CHECK_NAME = "rank_recovery.check"

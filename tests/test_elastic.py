@@ -51,7 +51,7 @@ def run_elastic(*launcher_args, script="train_counts.py", **env):
     environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), environ.get("PYTHONPATH", "")]))
     environ.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", RINGTRAIN_STALL_TIMEOUT_S="60")
     environ.update({k: str(v) for k, v in env.items()})
-    cmd = [sys.executable, "-m", "ringtrain.run", *launcher_args, sys.executable, str(SCRIPTS / script)]
+    cmd = [sys.executable, "-m", "ringtrain.launch.run", *launcher_args, sys.executable, str(SCRIPTS / script)]
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=REPO, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -232,7 +232,7 @@ def run_example(script, *args):
     """An examples/ script under ringtrain-run's elastic mode, from the examples directory (its data helper)."""
     environ = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                    PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])))
-    cmd = [sys.executable, "-m", "ringtrain.run", "-np", "3", "--min-np", "2", sys.executable, script, *args]
+    cmd = [sys.executable, "-m", "ringtrain.launch.run", "-np", "3", "--min-np", "2", sys.executable, script, *args]
     proc = subprocess.Popen(cmd, cwd=REPO / "examples", env=environ, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from ringtrain.elastic.hosts import Blacklist, DiscoveryError, free_slots, parse_hosts
+from ringtrain.launch.hosts import Blacklist, DiscoveryError, free_slots, parse_hosts
 from ringtrain.elastic.sampler import ElasticSampler
 from ringtrain.elastic.state import ObjectState
 

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from ringtrain.engine import Engine
+from ringtrain.engine.engine import Engine
 from ringtrain.errors import RankFailureError, RingtrainError
 from ringtrain.transports.mpi_util import NonblockingBroadcastAlltoall, WireTypes
-from ringtrain.watchdog import Watchdog
+from ringtrain.engine.watchdog import Watchdog
 
 
 class _Peers:

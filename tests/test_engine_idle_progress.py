@@ -6,8 +6,8 @@ import queue
 import pytest
 from mpi4py import MPI
 
-from ringtrain.agreement import CoordinatorAgreement
-from ringtrain.engine import Engine
+from ringtrain.engine.agreement import CoordinatorAgreement
+from ringtrain.engine.engine import Engine
 
 
 class _Ctrl:

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from ringtrain import run
+from ringtrain.launch import run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(REPO, "examples")

@@ -102,7 +102,7 @@ def run_job(script, n, *args, launcher_args=(), outlive_killed_rank=False, **env
 
 
 def _assert_no_leftovers(pids):
-    from ringtrain.watchdog import _alive
+    from ringtrain.engine.watchdog import _alive
     deadline = time.monotonic() + 3.0
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -236,7 +236,7 @@ def test_rank_calling_shutdown_early_is_named_on_the_others():
 # ---- the launcher ----
 
 def _launcher_cmd():
-    return [sys.executable, "-m", "ringtrain.run", "-np", "2", sys.executable, str(SCRIPTS / "long_loop.py")]
+    return [sys.executable, "-m", "ringtrain.launch.run", "-np", "2", sys.executable, str(SCRIPTS / "long_loop.py")]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -272,7 +272,7 @@ def test_signal_to_launcher_stops_every_rank(sig):
 def test_sigkill_under_launcher_names_the_dead_rank():
     """ringtrain-run wraps each rank, so it can say which rank died even though hydra only reports pids."""
     n = 3
-    cmd = [sys.executable, "-m", "ringtrain.run", "-np", str(n), sys.executable, str(SCRIPTS / "sigkill.py")]
+    cmd = [sys.executable, "-m", "ringtrain.launch.run", "-np", str(n), sys.executable, str(SCRIPTS / "sigkill.py")]
     start = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=HARD_KILL_S, start_new_session=True)
@@ -293,7 +293,7 @@ def test_crash_in_one_engine_ends_every_rank_naming_it(where, n, launcher):
     mpiexec and under ringtrain-run."""
     stall_s = MUST_END_S + 30
     if launcher:
-        cmd = [sys.executable, "-m", "ringtrain.run", "-np", str(n), sys.executable, str(SCRIPTS / "engine_crash.py"),
+        cmd = [sys.executable, "-m", "ringtrain.launch.run", "-np", str(n), sys.executable, str(SCRIPTS / "engine_crash.py"),
                where]
         start = time.monotonic()
         proc = subprocess.run(cmd, cwd=REPO, env=_env(RINGTRAIN_STALL_TIMEOUT_S=stall_s), stdout=subprocess.PIPE,

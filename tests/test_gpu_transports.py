@@ -6,7 +6,7 @@ import pytest
 from ringtrain import gpu
 from ringtrain.config import Config
 from ringtrain.ops import ReduceOp
-from ringtrain.watchdog import Watchdog
+from ringtrain.engine.watchdog import Watchdog
 
 pytestmark = pytest.mark.skipif(not gpu.available(), reason="no CUDA device")
 MPI = pytest.importorskip("mpi4py.MPI")

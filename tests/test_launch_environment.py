@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from ringtrain import run
-from ringtrain.launchers import task
-from ringtrain.launchers.environment import LaunchError, Rendezvous, plan_world
+from ringtrain.launch import run
+from ringtrain.launch import task
+from ringtrain.world.environment import LaunchError, Rendezvous, plan_world
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "tests", "launcher_scripts", "joined_allreduce.py")

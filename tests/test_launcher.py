@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from ringtrain import run
+from ringtrain.launch import run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(REPO, "tests", "launcher_scripts")
@@ -26,7 +26,7 @@ def launcher_env(**extra):
 
 
 def start_launcher(args, **env):
-    return subprocess.Popen([sys.executable, "-m", "ringtrain.run"] + args, env=launcher_env(**env),
+    return subprocess.Popen([sys.executable, "-m", "ringtrain.launch.run"] + args, env=launcher_env(**env),
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
 
 

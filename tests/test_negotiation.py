@@ -1,6 +1,6 @@
 """The coordinator's decisions, without MPI: readiness, order, fusion, mismatch messages, stalls, join, shutdown."""
-from ringtrain.engine_model import Collective, Failed, JoinDone, Meta, Shutdown
-from ringtrain.negotiation import Coordinator
+from ringtrain.engine.model import Collective, Failed, JoinDone, Meta, Shutdown
+from ringtrain.engine.negotiation import Coordinator
 from ringtrain.ops import ReduceOp
 
 
@@ -112,7 +112,7 @@ def test_shutdown_rank_makes_pending_names_fail():
 
 def test_fusion_is_a_pure_function_of_the_ready_list():
     """The coordinator-free fast path fuses on every rank independently: same list in, same buckets out."""
-    from ringtrain.negotiation import fuse_allreduces
+    from ringtrain.engine.negotiation import fuse_allreduces
     items = [("a", meta((8,))), ("h", meta((4,), dtype="float16")), ("b", meta((4,))), ("c", meta((8,)))]
     buckets = fuse_allreduces(items, threshold=48, size=2)
     assert [(a.names, a.metas[0].dtype) for a in buckets] == [(("a", "b"), "float32"), (("h",), "float16"),
@@ -178,7 +178,7 @@ def test_cache_is_bounded_and_evicts_the_least_recently_used():
 
 def test_many_names_keep_ids_below_the_capacity():
     c = Coordinator(3, 1 << 20, 1.0, 2.0, clock=lambda: 0.0, cache_capacity=64)
-    from ringtrain.response_cache import CacheView
+    from ringtrain.engine.response_cache import CacheView
     views = [CacheView() for _ in range(3)]
     for k in range(5000):
         # an allgather with rank-dependent first dims: one entry per distinct Meta (3 ranks, 3 shapes)
@@ -228,6 +228,6 @@ def test_collectives_carry_the_scale_rule():
     actions = {a.names: a for a in c.plan()}
     assert (actions[("avg",)].prescale, actions[("avg",)].scale) == (0.5, 0.75)
     assert (actions[("b",)].prescale, actions[("b",)].scale) == (1.0, 1.0)
-    [bucket] = __import__("ringtrain.negotiation").negotiation.fuse_allreduces(
+    [bucket] = __import__("ringtrain.engine.negotiation").engine.negotiation.fuse_allreduces(
         [("x", meta(op=0)), ("y", meta(op=0))], threshold=1 << 20, size=2)
     assert bucket.names == ("x", "y") and bucket.scale == 0.5

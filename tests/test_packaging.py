@@ -73,7 +73,7 @@ def test_wheel_contains_every_subpackage_and_the_kernel_sources(wheel_path):
     names = set(zipfile.ZipFile(wheel_path).namelist())
     for package in repo_packages():
         assert package.replace(".", "/") + "/__init__.py" in names, f"{package} missing from {wheel_path.name}"
-    assert "ringtrain/run.py" in names
+    assert "ringtrain/launch/run.py" in names
     kernels = repo_kernel_sources()
     shipped = sorted(n.split("/")[-1] for n in names if n.startswith("ringtrain/_csrc/"))
     assert shipped == kernels, f"csrc/ has {kernels} but the wheel's ringtrain/_csrc/ has {shipped}"
@@ -84,7 +84,7 @@ def test_wheel_declares_console_script_dependencies_and_extras(wheel_path):
     dist_info = next(n.split("/")[0] for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
     entry_points = configparser.ConfigParser()
     entry_points.read_string(wheel.read(f"{dist_info}/entry_points.txt").decode())
-    assert entry_points["console_scripts"]["ringtrain-run"] == "ringtrain.run:main"
+    assert entry_points["console_scripts"]["ringtrain-run"] == "ringtrain.launch.run:main"
     metadata = wheel.read(f"{dist_info}/METADATA").decode()
     requires = [line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
     for needed in ("numpy", "ml_dtypes", "mpi4py", "mpich"):

@@ -25,7 +25,7 @@ import time
 
 import pytest
 
-from ringtrain import run
+from ringtrain.launch import run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARALLEL_DIR = os.path.join(REPO, "tests", "parallel")

@@ -19,7 +19,7 @@ import sys
 import jax  # noqa: F401  (fails the run loudly where the jax extra is missing)
 import pytest
 
-from ringtrain import run
+from ringtrain.launch import run
 from test_parallel import run_job
 
 # where a C++ compiler is present the FFI handler must build (a failed build fails the jobs); elsewhere the

@@ -5,7 +5,7 @@ import re
 import subprocess
 import sys
 
-from ringtrain import run
+from ringtrain.launch import run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from ringtrain import run
+from ringtrain.launch import run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "tests", "recovery_scripts", "diverging_tests.py")

@@ -5,7 +5,7 @@ import pytest
 
 import ringtrain as rt
 from ringtrain.errors import RingtrainError
-from ringtrain.reducer import (Collective, Layout, Member, Phase, Reducer, Scaling, StepState, explicit_groups,
+from ringtrain.reducer.reducer import (Collective, Layout, Member, Phase, Reducer, Scaling, StepState, explicit_groups,
                                instance_prefix, plan_buckets)
 
 

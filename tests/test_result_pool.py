@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import ringtrain as rt
-from ringtrain.fusion import HOST_OPS
-from ringtrain.result_pool import ResultPool
+from ringtrain.engine.fusion import HOST_OPS
+from ringtrain.engine.result_pool import ResultPool
 
 SMALL_LIMIT = 1 << 16
 

@@ -13,7 +13,7 @@ from ringtrain.config import Config
 from ringtrain.ops import DTYPES, ReduceOp
 from ringtrain.transports.ring import RingTransport
 from ringtrain.transports.base import even_counts, offsets
-from ringtrain.watchdog import Watchdog
+from ringtrain.engine.watchdog import Watchdog
 
 
 class FakeComm:

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from ringtrain.sharding import Piece, ShardPlan, overlaps
+from ringtrain.reducer.sharding import Piece, ShardPlan, overlaps
 from ringtrain.transports.base import even_counts
 
 

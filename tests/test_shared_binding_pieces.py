@@ -3,7 +3,7 @@ compression.CastCompressor (a binding only says how its tensors cast; here numpy
 import numpy as np
 import pytest
 
-from ringtrain.compression import CastCompressor, Compressor
+from ringtrain.reducer.compression import CastCompressor, Compressor
 from ringtrain.ops import Average, Max, Sum, resolve_op
 
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ringtrain import run
+from ringtrain.launch import run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(REPO, "tests", "launcher_scripts")
@@ -60,7 +60,7 @@ def test_real_job_in_a_pretend_allocation_goes_through_srun(tmp_path):
     env = dict(os.environ, **ALLOCATION, FAKE_SRUN_LOG=str(log), PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}",
                SLURM_CPUS_PER_TASK="1", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("OMP_NUM_THREADS", None)
-    proc = subprocess.run([sys.executable, "-m", "ringtrain.run", sys.executable, os.path.join(SCRIPTS, "hello.py")],
+    proc = subprocess.run([sys.executable, "-m", "ringtrain.launch.run", sys.executable, os.path.join(SCRIPTS, "hello.py")],
                           env=env, capture_output=True, text=True, timeout=90, cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     # the ranks' lines may arrive glued together (two writers, one pipe): match them anywhere

@@ -13,9 +13,9 @@ import time
 import numpy as np
 import pytest
 
-from ringtrain import run
-from ringtrain.launchers.task import RankFailedError
-from ringtrain.watchdog import _alive
+from ringtrain.launch import run
+from ringtrain.launch.task import RankFailedError
+from ringtrain.engine.watchdog import _alive
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(REPO, "tests", "launcher_scripts")

@@ -31,7 +31,7 @@ def test_xla_decision(tf):
 
 
 def test_bucket_layout_splits_by_size_and_dtype(tf):
-    from ringtrain.reducer import plan_buckets
+    from ringtrain.reducer.reducer import plan_buckets
     from ringtrain.tensorflow.gradients import gradient_members
 
     def layout(specs, cap):

@@ -8,7 +8,7 @@ import torch
 import ringtrain.torch as hvd
 from ringtrain.errors import RingtrainError
 from ringtrain.torch import functions
-from ringtrain.reducer import plan_buckets
+from ringtrain.reducer.reducer import plan_buckets
 from ringtrain.torch.optimizer import _describe_model_mismatch, parameter_members
 
 
@@ -296,7 +296,7 @@ def test_bucket_layout_after_backward_large_buckets_hold_up_to_their_own_cap():
 def test_after_backward_large_gradients_share_buckets_up_to_the_fusion_threshold(rt):
     """bucket_cap_mb=2: two 1.5 MB gradients still share one bucket after backward (up to the fusion threshold,
     the shm window's capacity), the small ones keep the 2 MB cap; with overlap each large one travels alone."""
-    from ringtrain import state
+    from ringtrain.core import state
     layers = [torch.nn.Linear(768, 512, bias=False), torch.nn.Linear(512, 768, bias=False)]
     layers += [torch.nn.Linear(256, 256) for _ in range(12)]          # 12 x 257 KB: small, two 2 MB buckets
     model = torch.nn.Sequential(*layers)

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from ringtrain import watchdog as watchdog_module
+from ringtrain.engine import watchdog as watchdog_module
 from ringtrain.errors import RankFailureError
-from ringtrain.watchdog import Watchdog
+from ringtrain.engine.watchdog import Watchdog
 
 
 @pytest.fixture

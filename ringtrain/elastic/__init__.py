@@ -15,6 +15,6 @@
 Framework-neutral pieces live here (ObjectState, run, the errors, the worker's side of the driver protocol); the
 torch state and sampler in ringtrain.torch.elastic, the Keras state and callbacks in ringtrain.keras.elastic.
 """
-from .errors import ElasticError, HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
+from ..errors import ElasticError, HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
 from .runner import run  # noqa: F401
 from .state import ObjectState, State  # noqa: F401

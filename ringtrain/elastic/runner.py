@@ -15,9 +15,9 @@ function simply runs once after a sync.
 import functools
 import time
 
-from .. import state as core_state
-from . import worker
-from .errors import ElasticError, HorovodInternalError, HostsUpdatedInterrupt
+from ..core import state as core_state
+from ..world import elastic_worker as worker
+from ..errors import ElasticError, HorovodInternalError, HostsUpdatedInterrupt
 
 
 # wall-clock times (time.time()) of the last recovery, for benchmarks/elastic_recovery.py: "error" when the

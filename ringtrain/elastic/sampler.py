@@ -18,7 +18,7 @@ shards differ by at most one sample, so a rank may have one batch fewer, or a sm
 import math
 import random
 
-from .. import state as core_state
+from ..core import state as core_state
 
 
 class ElasticSampler:

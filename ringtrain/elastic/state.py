@@ -10,10 +10,10 @@ commit() is save() + check_host_updates(). check_host_updates() allgathers what 
 """
 import copy
 
-from .. import collectives
-from .. import state as core_state
-from . import worker
-from .errors import HostsUpdatedInterrupt
+from ..core import collectives
+from ..core import state as core_state
+from ..world import elastic_worker as worker
+from ..errors import HostsUpdatedInterrupt
 
 
 class State:

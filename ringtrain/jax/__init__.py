@@ -21,7 +21,7 @@ from ringtrain import (allgather_object, barrier, broadcast_object, cross_rank, 
 from ringtrain.errors import (RankFailureError, RingtrainError, StallError, TensorMismatchError,  # noqa: F401
                               UnsupportedDtypeError)
 from ringtrain.ops import Average, Max, Min, Product, ReduceOp, Sum  # noqa: F401
-from ringtrain.process_sets import (ProcessSet, add_process_set, global_process_set,  # noqa: F401
+from ringtrain.core.process_sets import (ProcessSet, add_process_set, global_process_set,  # noqa: F401
                                     remove_process_set)
 
 from .allgather import allgather, grouped_allgather  # noqa: F401

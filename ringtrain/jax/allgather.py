@@ -7,7 +7,7 @@ result's shape must be known when tracing, so every rank's dim 0 must equal this
 jax.lax.all_gather); each rank sends its row counts beside the data and every rank raises the same
 TensorMismatchError, naming the ranks and their rows, when they differ.
 
-Gradient (Horovod's rule, ringtrain.gradient_rules): this rank's rows of the cotangent averaged over the set's ranks.
+Gradient (Horovod's rule, ringtrain.reducer.gradient_rules): this rank's rows of the cotangent averaged over the set's ranks.
 """
 import dataclasses
 
@@ -17,7 +17,7 @@ from jax.core import ShapedArray
 
 import ringtrain as _core
 from ringtrain.errors import TensorMismatchError
-from ringtrain.process_sets import ProcessSet, global_process_set
+from ringtrain.core.process_sets import ProcessSet, global_process_set
 
 from . import arrays, gradients
 from .arrays import Wire, check_movable

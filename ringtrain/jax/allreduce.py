@@ -5,7 +5,7 @@
     total = hvd.allreduce(jnp.ones(3), op=hvd.Sum)          # [size, size, size], eagerly or under jax.jit
     a, b = hvd.grouped_allreduce([x, y])                    # one agreement, one fused bucket; averaged
 
-Gradient (Horovod's rule, ringtrain.gradient_rules): the cotangent allreduced with the same op and scale factors.
+Gradient (Horovod's rule, ringtrain.reducer.gradient_rules): the cotangent allreduced with the same op and scale factors.
 """
 import dataclasses
 
@@ -13,7 +13,7 @@ import jax
 
 import ringtrain as _core
 from ringtrain.ops import ReduceOp, resolve_op
-from ringtrain.process_sets import ProcessSet, global_process_set
+from ringtrain.core.process_sets import ProcessSet, global_process_set
 
 from . import gradients
 from .arrays import Wire, aligned_empty, check_reduction, check_scales

@@ -6,7 +6,7 @@
 Under jax.jit or jax.grad the result's shape must be known when tracing, so only even splits are allowed there:
 every rank's dim 0 must be the same multiple of the set's size (a rank that receives other block sizes raises
 TensorMismatchError naming them).
-Gradient (Horovod's rule, ringtrain.gradient_rules): the reverse alltoall of the cotangent.
+Gradient (Horovod's rule, ringtrain.reducer.gradient_rules): the reverse alltoall of the cotangent.
 """
 import dataclasses
 
@@ -15,7 +15,7 @@ import numpy as np
 
 import ringtrain as _core
 from ringtrain.errors import TensorMismatchError
-from ringtrain.process_sets import ProcessSet, global_process_set
+from ringtrain.core.process_sets import ProcessSet, global_process_set
 
 from . import arrays, gradients
 from .allgather import is_traced

@@ -3,14 +3,14 @@
     params = hvd.broadcast_variables(params, root_rank=0)     # any pytree: one host call, one request per leaf
 
 root_rank is a world rank (Horovod's convention, process sets included).
-Gradient (Horovod's rule, ringtrain.gradient_rules): the cotangent averaged over the set's ranks on the root, zeros on the other ranks.
+Gradient (Horovod's rule, ringtrain.reducer.gradient_rules): the cotangent averaged over the set's ranks on the root, zeros on the other ranks.
 """
 import dataclasses
 
 import jax
 
 import ringtrain as _core
-from ringtrain.process_sets import ProcessSet, global_process_set
+from ringtrain.core.process_sets import ProcessSet, global_process_set
 
 from . import gradients
 from .arrays import Wire, check_movable

@@ -1,7 +1,7 @@
-"""Gradient compression on jax.Arrays: Compression.none | fp16 | bf16 (the logic is ringtrain.compression's)."""
+"""Gradient compression on jax.Arrays: Compression.none | fp16 | bf16 (the logic is ringtrain.reducer.compression's)."""
 import jax.numpy as jnp
 
-from ringtrain.compression import CastCompressor, Compressor, NoneCompressor  # noqa: F401  (re-exported)
+from ringtrain.reducer.compression import CastCompressor, Compressor, NoneCompressor  # noqa: F401  (re-exported)
 
 
 class _JaxCastCompressor(CastCompressor):

@@ -1,4 +1,4 @@
-"""Horovod's gradients of the collectives (ringtrain.gradient_rules, the table every binding runs) on jax.Arrays.
+"""Horovod's gradients of the collectives (ringtrain.reducer.gradient_rules, the table every binding runs) on jax.Arrays.
 
 Each collective's custom_vjp backward calls `backward(kind, cotangents, ...)`; the table decides which collective
 runs on the cotangents and what is kept, and `JaxPrimitives` runs it with ringtrain.jax's own differentiable
@@ -11,7 +11,7 @@ A collective's gradient is a collective: each primitive module registers its dif
 import jax
 import jax.numpy as jnp
 
-from ringtrain import gradient_rules
+from ringtrain.reducer import gradient_rules
 
 _differentiable = {}      # kind -> (Spec class, the differentiable function), registered by allreduce.py & co.
 

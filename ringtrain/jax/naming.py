@@ -7,7 +7,7 @@ collective is a cached one (the engine's fast path) from the second step on. Sha
 ranks passing different shapes to the same collective meet under one name and get the engine's mismatch error
 naming both, instead of waiting for each other under two names.
 """
-from ringtrain.names import auto_name
+from ringtrain.core.names import auto_name
 
 
 def collective_name(kind, name, process_set):

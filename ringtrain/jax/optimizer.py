@@ -6,7 +6,7 @@ before the inner transformation sees them.
     updates, opt_state = tx.update(grads, opt_state, params)     # inside jax.jit: one host call for all buckets
 
 The buckets, their scaling (Horovod's op / gradient_predivide_factor rule), compression, submission and completion
-are ringtrain.reducer's, the object every binding shares. This module only adapts pytrees to it: the gradient
+are ringtrain.reducer.reducer's, the object every binding shares. This module only adapts pytrees to it: the gradient
 pytree's leaves are the reducer's members (in leaf order), and one host call (host_call.py; an XLA FFI custom call
 under jit on CPU) hands all of them to the reducer. Under jit each bucket is one grouped allreduce from XLA's input
 buffers into its output buffers (the same buffers: the call's outputs alias its inputs), which the shm transport
@@ -22,14 +22,14 @@ import optax
 
 import ringtrain as _core
 from ringtrain.ops import Average
-from ringtrain.process_sets import global_process_set
-from ringtrain.reducer import Member, Reducer, Scaling, instance_prefix
+from ringtrain.core.process_sets import global_process_set
+from ringtrain.reducer.reducer import Member, Reducer, Scaling, instance_prefix
 
 from .host_call import collective_primitive, same_avals
 
 
 class PytreeReducer:
-    """One ringtrain.reducer.Reducer for one gradient pytree layout (structure, shapes, dtypes): the binding state
+    """One ringtrain.reducer.reducer.Reducer for one gradient pytree layout (structure, shapes, dtypes): the binding state
     of a DistributedOptimizer, beside it rather than on the user's transformation."""
 
     def __init__(self, paths, avals, *, scaling, compression, process_set, bucket_bytes):

@@ -3,7 +3,7 @@
     block = hvd.reducescatter(x)       # x of shape (n, ...) -> this rank's rows of the average, (n // size (+1), ...)
 
 Blocks split dim 0 as evenly as possible, the first n % size blocks one row larger (the core's rule).
-Gradient (Horovod's rule, ringtrain.gradient_rules): an allgather of the cotangent, times the set's size for Sum,
+Gradient (Horovod's rule, ringtrain.reducer.gradient_rules): an allgather of the cotangent, times the set's size for Sum,
 times the pre- and postscale factors.
 """
 import dataclasses
@@ -13,7 +13,7 @@ from jax.core import ShapedArray
 
 import ringtrain as _core
 from ringtrain.ops import Average, ReduceOp, resolve_op
-from ringtrain.process_sets import ProcessSet, global_process_set
+from ringtrain.core.process_sets import ProcessSet, global_process_set
 
 from . import gradients
 from .arrays import Wire, check_reduction, check_scales

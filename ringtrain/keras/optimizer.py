@@ -5,7 +5,7 @@
     model.fit(x, y, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), ...])
 
 The wrapper only hooks apply() (which Keras's train_step reaches through apply_gradients) and hands the gradients to
-ringtrain.tensorflow.gradients' GradientReducer (the shared ringtrain.reducer underneath): one host call per step
+ringtrain.tensorflow.gradients' GradientReducer (the shared ringtrain.reducer.reducer underneath): one host call per step
 that submits one allreduce per bucket. Nothing here imports MPI or cupy.
 
 - backward_passes_per_step=k: k steps add their local gradients into accumulators (optimizer variables, so they
@@ -23,15 +23,15 @@ import dataclasses
 
 import tensorflow as tf
 
-from ringtrain import state as core_state
+from ringtrain.core import state as core_state
 from ringtrain.errors import RingtrainError, TensorMismatchError
-from ringtrain.model_check import describe_model_mismatch
-from ringtrain.reducer import Scaling, instance_prefix
+from ringtrain.reducer.model_check import describe_model_mismatch
+from ringtrain.reducer.reducer import Scaling, instance_prefix
 from ringtrain.tensorflow import functions
 from ringtrain.tensorflow.compression import Compression
 from ringtrain.tensorflow.functions import Average, variable_name
 from ringtrain.tensorflow.gradients import GradientReducer
-from ringtrain.wrapping import wrapper_class
+from ringtrain.reducer.wrapping import wrapper_class
 
 from . import xla
 

@@ -7,7 +7,7 @@ dependencies run the collectives in program order, which keeps every rank's sequ
 blocks its thread until the collective is done, so two ranks must not run two of them in different orders).
 No C++ op is built. Under XLA (jit_compile=True) host callbacks cannot run: see ringtrain.keras.xla.
 
-Gradients (tf.custom_gradient) are ringtrain.gradient_rules' table, Horovod's rules shared with ringtrain.torch, with
+Gradients (tf.custom_gradient) are ringtrain.reducer.gradient_rules' table, Horovod's rules shared with ringtrain.torch, with
 the loss understood as each rank's own loss: allreduce -> allreduce of the gradient with the same op and scales;
 allgather -> this rank's rows of the gradient averaged over ranks; broadcast -> the averaged gradient on the root,
 zeros elsewhere; alltoall -> the reverse alltoall; reducescatter -> allgather of the gradient (times the set's size
@@ -33,8 +33,9 @@ import numpy as np
 import tensorflow as tf
 
 import ringtrain as _core
-from ringtrain import gradient_rules, names
-from ringtrain.build_info import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled,  # noqa: F401
+from ringtrain.reducer import gradient_rules
+from ringtrain.core import names
+from ringtrain.core.build_info import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled,  # noqa: F401
                                   mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rocm_built)
 # lifecycle, topology, control and object collectives need no tensors: the core's own functions, re-exported under
 # Horovod's names (broadcast_object / allgather_object use pickle: trusted peers only)
@@ -42,7 +43,7 @@ from ringtrain import (allgather_object, barrier, broadcast_object, cross_rank, 
                        is_initialized, join, local_rank, local_size, rank, shutdown, size)
 from ringtrain.ops import Average, Max, Min, Product, ReduceOp, Sum, as_op  # noqa: F401  (re-exported)
 from ringtrain.ops import resolve_op
-from ringtrain.process_sets import (ProcessSet, add_process_set, global_process_set,  # noqa: F401  (re-exported)
+from ringtrain.core.process_sets import (ProcessSet, add_process_set, global_process_set,  # noqa: F401  (re-exported)
                                     process_sets, remove_process_set, route)
 
 from . import arrays, xla
@@ -146,7 +147,7 @@ _PRIMITIVES = _TFPrimitives()
 
 
 def _backward(kind, grads, outputs, names, **forward):
-    """Horovod's gradient of `kind` (ringtrain.gradient_rules) for upstream `grads` (None: zeros like outputs)."""
+    """Horovod's gradient of `kind` (ringtrain.reducer.gradient_rules) for upstream `grads` (None: zeros like outputs)."""
     return gradient_rules.backward(kind, _zeros_for_none(grads, outputs), _PRIMITIVES, name=names, **forward)
 
 

@@ -11,8 +11,8 @@ import zlib
 
 import tensorflow as tf
 
-from ringtrain.reducer import Scaling
-from ringtrain.wrapping import adopt, wrapper_class
+from ringtrain.reducer.reducer import Scaling
+from ringtrain.reducer.wrapping import adopt, wrapper_class
 
 from .compression import Compression
 from .functions import Average, global_process_set

@@ -1,5 +1,5 @@
 """Average a list of gradients over all ranks: what DistributedGradientTape and ringtrain.keras's optimizer share,
-through the framework-neutral ringtrain.reducer (bucket plan, names, scaling, submission and completion).
+through the framework-neutral ringtrain.reducer.reducer (bucket plan, names, scaling, submission and completion).
 
 Dense gradients travel in ONE host call per step (one tf.numpy_function node in a graph). It hands each bucket (up to
 bucket_bytes, one dtype) to the core as one grouped allreduce -- one engine request per bucket, as torch DDP's
@@ -21,7 +21,7 @@ import functools
 import numpy as np
 import tensorflow as tf
 
-from ringtrain.reducer import Member, Reducer, Scaling
+from ringtrain.reducer.reducer import Member, Reducer, Scaling
 
 from . import functions, shared_buckets
 from .compression import Compression

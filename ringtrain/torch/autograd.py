@@ -5,7 +5,7 @@ each a torch.autograd.Function with Horovod's gradient, so a loss can backpropag
     z = hvd.allgather(embeddings)            # every rank's rows; z.requires_grad if embeddings did
     loss(z).backward()                       # embeddings.grad = this rank's rows of the *averaged* gradient
 
-The gradients are ringtrain.gradient_rules' table (Horovod 0.28's rules, shared with ringtrain.tensorflow):
+The gradients are ringtrain.reducer.gradient_rules' table (Horovod 0.28's rules, shared with ringtrain.tensorflow):
 - allreduce: an allreduce of the gradient with the same op and the same pre/post scale factors;
 - allgather: this rank's slice of the gradient averaged over the set's ranks;
 - broadcast: the gradient averaged over the set's ranks on the root, zero elsewhere;
@@ -16,9 +16,9 @@ The *_async and in-place forms (functions.py) are not differentiable, as in Horo
 """
 import torch
 
-from ringtrain import gradient_rules
+from ringtrain.reducer import gradient_rules
 from ringtrain.ops import resolve_op
-from ringtrain.process_sets import global_process_set
+from ringtrain.core.process_sets import global_process_set
 
 from . import functions
 from .compression import Compression

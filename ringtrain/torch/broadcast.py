@@ -8,7 +8,7 @@ structure of the optimizer state (keys, shapes, hyper-parameters) travels pickle
 """
 import torch
 
-from ringtrain.process_sets import global_process_set
+from ringtrain.core.process_sets import global_process_set
 
 from . import functions
 

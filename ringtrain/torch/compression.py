@@ -1,10 +1,10 @@
-"""Gradient compression on torch tensors: Compression.none | fp16 | bf16 (the logic is ringtrain.compression's).
+"""Gradient compression on torch tensors: Compression.none | fp16 | bf16 (the logic is ringtrain.reducer.compression's).
 
 Same interface as Horovod's: `compress(tensor) -> (tensor, ctx)`, `decompress(tensor, ctx) -> tensor`.
 """
 import torch
 
-from ringtrain.compression import CastCompressor, Compressor, NoneCompressor  # noqa: F401  (re-exported)
+from ringtrain.reducer.compression import CastCompressor, Compressor, NoneCompressor  # noqa: F401  (re-exported)
 
 
 class _TorchCastCompressor(CastCompressor):

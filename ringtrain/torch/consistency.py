@@ -16,7 +16,7 @@ import os
 import torch
 
 from ringtrain.errors import RingtrainError
-from ringtrain.process_sets import global_process_set
+from ringtrain.core.process_sets import global_process_set
 
 from . import functions
 

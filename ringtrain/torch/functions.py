@@ -16,11 +16,11 @@ import numpy as np
 import torch
 
 import ringtrain as _core
-from ringtrain.build_info import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled,  # noqa: F401
+from ringtrain.core.build_info import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled,  # noqa: F401
                                   mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rocm_built)
 from ringtrain.ops import Adasum, Average, Sum, Min, Max, Product, ReduceOp, as_op  # noqa: F401  (re-exported)
 from ringtrain.ops import resolve_op
-from ringtrain.process_sets import (ProcessSet, add_process_set, global_process_set,  # noqa: F401
+from ringtrain.core.process_sets import (ProcessSet, add_process_set, global_process_set,  # noqa: F401
                                     remove_process_set)
 
 from .compression import Compression

@@ -53,12 +53,12 @@ import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ringtrain import host_memory
-from ringtrain import state as core_state
+from ringtrain.core import state as core_state
 from ringtrain.errors import RingtrainError, TensorMismatchError
-from ringtrain.model_check import describe_model_mismatch
-from ringtrain.process_sets import global_process_set
-from ringtrain.reducer import Member, Phase, Reducer, Scaling, instance_prefix
-from ringtrain.wrapping import adopt, wrapper_class
+from ringtrain.reducer.model_check import describe_model_mismatch
+from ringtrain.core.process_sets import global_process_set
+from ringtrain.reducer.reducer import Member, Phase, Reducer, Scaling, instance_prefix
+from ringtrain.reducer.wrapping import adopt, wrapper_class
 
 from . import consistency, functions, shared
 from .compression import Compression

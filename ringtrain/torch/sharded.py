@@ -15,7 +15,7 @@ process sets). What changes is visible in the name of the option: what is sharde
   last gradient is final (during backward), and its full gradients are freed: a rank keeps only its shard of the
   averaged gradients as well. After backward, parameters' .grad are None; use `optimizer.clip_grad_norm_`.
 
-The plan of who owns what is ringtrain.sharding.ShardPlan: buckets of parameters (in backward order) cut into N
+The plan of who owns what is ringtrain.reducer.sharding.ShardPlan: buckets of parameters (in backward order) cut into N
 blocks that differ by at most one element, the core reducescatter's own split; a parameter may be cut anywhere.
 The wrapped optimizer's algorithm runs unchanged on 1-D views of the parameters' own memory (no copy of the
 parameters is kept), so any torch.optim optimizer whose update is elementwise works (SGD, Adam, AdamW, Adagrad,
@@ -54,11 +54,11 @@ import torch
 
 from ringtrain import host_memory
 from ringtrain.errors import RingtrainError, TensorMismatchError
-from ringtrain.model_check import describe_model_mismatch
-from ringtrain.process_sets import global_process_set
-from ringtrain.reducer import Collective, Reducer, Scaling, instance_prefix, plan_buckets
-from ringtrain.sharding import ShardPlan, overlaps
-from ringtrain.wrapping import adopt, wrapper_class
+from ringtrain.reducer.model_check import describe_model_mismatch
+from ringtrain.core.process_sets import global_process_set
+from ringtrain.reducer.reducer import Collective, Reducer, Scaling, instance_prefix, plan_buckets
+from ringtrain.reducer.sharding import ShardPlan, overlaps
+from ringtrain.reducer.wrapping import adopt, wrapper_class
 
 from . import functions, shared
 from .checkpoint import _write_atomically as write_atomically

@@ -1,5 +1,5 @@
 """ringtrain.empty_shared for torch: a CPU tensor the shm transport allreduces in place without copies (see
-ringtrain/shared_arrays.py). Use it for a buffer you reduce every step, e.g. a flat gradient bucket."""
+ringtrain/core/shared_arrays.py). Use it for a buffer you reduce every step, e.g. a flat gradient bucket."""
 import math
 
 import numpy as np

@@ -11,7 +11,7 @@ running statistics. Works for any input of shape (N, C, ...), so one class cover
 """
 import torch
 
-from ringtrain.process_sets import global_process_set
+from ringtrain.core.process_sets import global_process_set
 
 from . import functions
 from .functions import Sum

@@ -3,7 +3,7 @@
 
     from mpi4py import MPI
     from ringtrain.config import Config
-    from ringtrain.watchdog import Watchdog
+    from ringtrain.engine.watchdog import Watchdog
     from ringtrain.transports.mpi import MPITransport
 
     t = MPITransport(MPI.COMM_WORLD.Dup(), Config(), Watchdog())

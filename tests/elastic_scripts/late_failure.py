@@ -8,7 +8,7 @@ late one for certain: it waits until the death has reached this rank, then raise
 """
 import time
 
-from ringtrain import state as core_state
+from ringtrain.core import state as core_state
 
 
 def fail_with_the_world(timeout_s=60.0):

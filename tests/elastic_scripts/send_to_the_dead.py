@@ -8,7 +8,7 @@ import numpy as np
 from mpi4py import MPI
 
 import ringtrain as rt
-from ringtrain import state as core_state
+from ringtrain.core import state as core_state
 
 rt.init()
 comm = core_state.engine().ctrl

@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 import ringtrain.keras as hvd
-from ringtrain.elastic import worker as elastic_worker
+from ringtrain.world import elastic_worker as elastic_worker
 from late_failure import fail_with_the_world
 
 tf.config.threading.set_intra_op_parallelism_threads(1)

@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 import ringtrain as rt
-from ringtrain import state
+from ringtrain.core import state
 from _common import announce_pid, caught, say
 
 where = sys.argv[1]

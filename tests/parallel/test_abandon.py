@@ -14,13 +14,13 @@ def test_abandon_ends_pending_work_and_a_new_world_works():
     rt.allreduce(np.ones(2), name="abandon.warm")
     if rt.rank() == 0:       # a collective no peer will ever join: only abandon() can end it
         handle = rt.allreduce_async(np.ones(3), name="abandon.never")
-        rt.state.abandon("the test abandons this world")
+        rt.core.state.abandon("the test abandons this world")
         with pytest.raises(rt.RankFailureError, match="the test abandons this world"):
             rt.synchronize(handle)
     else:
-        rt.state.abandon("the test abandons this world")
+        rt.core.state.abandon("the test abandons this world")
     assert not rt.is_initialized()
-    rt.state.abandon("again")                       # a no-op when not initialised
+    rt.core.state.abandon("again")                       # a no-op when not initialised
     fresh = MPI.COMM_WORLD.Dup()                    # the new world: the same processes here, a merged one elastically
     try:
         rt.init(comm=fresh)

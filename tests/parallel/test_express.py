@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import ringtrain as rt
-from ringtrain import state
+from ringtrain.core import state
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -35,7 +35,7 @@ def fallbacks(monkeypatch):
 def outcomes(monkeypatch):
     """(name, outcome) of every express cycle on this rank: "eager" (reduced from the slots), "agreed" (ran the
     transport itself), "request" (became an ordinary request), None (did not apply)."""
-    from ringtrain.engine_model import Collective, Source
+    from ringtrain.engine.model import Collective, Source
     agreement = state.engine().agreement
     seen = []
     original = agreement.express
@@ -146,7 +146,7 @@ def test_a_peer_publishing_other_eager_data_sends_the_call_through_the_transport
 def test_allreduces_at_the_eager_limit_and_past_it(dtype):
     """On one node allreduces up to window_eager_bytes(N) travel in the cycle's slots (megabytes, not just small
     ones); one element more takes the transport. Both sides of the limit, cached, averaged: equal to numpy."""
-    from ringtrain.agreement import window_eager_bytes
+    from ringtrain.engine.agreement import window_eager_bytes
     itemsize = np.dtype(dtype).itemsize
     limit = window_eager_bytes(rt.size()) // itemsize
     for n in (limit, limit + 1, limit // 3):
@@ -163,7 +163,7 @@ def test_past_the_slots_the_express_cycle_runs_the_transport(outcomes, monkeypat
     """Too large for a slot (or in the shm window and past SHARED_EAGER_BYTES), a cached allreduce still takes one
     express cycle and then the transport call on this thread: no request, no handle. Private and in-window
     arrays, in place and not, Sum and Average: equal to numpy."""
-    from ringtrain.agreement import window_eager_bytes
+    from ringtrain.engine.agreement import window_eager_bytes
     eng = state.engine()
     ran = []
     real = eng.executor.allreduce_one
@@ -187,7 +187,7 @@ def test_past_the_slots_the_express_cycle_runs_the_transport(outcomes, monkeypat
 def test_ranks_with_and_without_their_array_in_the_window_take_one_path(monkeypatch):
     """Past SHARED_EAGER_BYTES an array in the shm window does not travel eagerly but a private one does: when the
     ranks differ, the private ranks see a rank without data in the slots and every rank runs the transport."""
-    from ringtrain import agreement
+    from ringtrain.engine import agreement
     monkeypatch.setattr(agreement, "SHARED_EAGER_BYTES", 8 << 10)
     n = 4099                                       # 16 KB of float32: past the (patched) limit, inside a slot
     x = inputs(n, 8)

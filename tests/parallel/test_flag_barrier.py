@@ -8,7 +8,7 @@ from mpi4py import MPI
 
 from ringtrain.errors import StallError
 from ringtrain.transports.flag_barrier import FlagBarrier
-from ringtrain.watchdog import Watchdog
+from ringtrain.engine.watchdog import Watchdog
 
 pytestmark = pytest.mark.mpi(min_size=2)
 

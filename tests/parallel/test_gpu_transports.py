@@ -13,7 +13,7 @@ from ringtrain import gpu
 from ringtrain.config import Config
 from ringtrain.ops import DTYPES, ReduceOp
 from ringtrain.transports.base import offsets
-from ringtrain.watchdog import Watchdog
+from ringtrain.engine.watchdog import Watchdog
 
 pytestmark = pytest.mark.skipif(not gpu.available(), reason="no CUDA device")
 

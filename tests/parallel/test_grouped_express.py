@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import ringtrain as rt
-from ringtrain import state
+from ringtrain.core import state
 from ringtrain.transports.segments import Segments
 
 pytestmark = pytest.mark.mpi(min_size=2)

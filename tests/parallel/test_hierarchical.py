@@ -17,7 +17,7 @@ from ringtrain.transports import choice
 from ringtrain.transports.base import offsets
 from ringtrain.transports.hierarchical import HierarchicalTransport
 from ringtrain.transports.mpi import MPITransport
-from ringtrain.watchdog import Watchdog
+from ringtrain.engine.watchdog import Watchdog
 from test_transports import SMALL_SIZES, Mismatches, op_dtype_pairs, rank_inputs, reference, uneven_counts
 
 MPI = pytest.importorskip("mpi4py.MPI")

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 import ringtrain as rt
-from ringtrain import agreement as agreement_module
-from ringtrain import state
+from ringtrain.engine import agreement as agreement_module
+from ringtrain.core import state
 
 pytestmark = pytest.mark.mpi(min_size=2)
 

@@ -69,7 +69,7 @@ def test_shutdown_and_init_recover_from_stalls(restore_world):
     assert pair.process_set_id is None           # sets end with the job that registered them
     rt.init(process_sets=[rt.ProcessSet([0, 1])])
     usable("after_reinit")
-    pair = rt.process_sets.process_sets()[1]
+    pair = rt.core.process_sets.process_sets()[1]
     if pair.included():
         np.testing.assert_array_equal(rt.allreduce(np.ones(2), op=rt.Sum, process_set=pair), [2.0, 2.0])
     model(torch.ones(1, 2)).sum().backward()

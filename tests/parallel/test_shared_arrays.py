@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import ringtrain as rt
-from ringtrain import state
+from ringtrain.core import state
 
 pytestmark = pytest.mark.mpi(min_size=2)
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import ringtrain as rt
-from ringtrain import state
+from ringtrain.core import state
 from ringtrain.ops import DTYPES
-from ringtrain.process_sets import _world_ranks_of
+from ringtrain.core.process_sets import _world_ranks_of
 from ringtrain.topology import pretend_node
 
 MPI = pytest.importorskip("mpi4py.MPI")
@@ -83,8 +83,8 @@ def test_allgather_reducescatter_broadcast_above_the_hierarchy_threshold(dtype_n
 def test_agreement_cycles_cross_the_split_as_messages(monkeypatch):
     """No agreement window spans two pretend nodes either: cached collectives agree by cycle messages, and the
     steady state needs no coordinator (the slow path only for the first sighting)."""
-    from ringtrain import agreement as agreement_module
-    from ringtrain.cycle_exchange import MessageExchange
+    from ringtrain.engine import agreement as agreement_module
+    from ringtrain.engine.cycle_exchange import MessageExchange
     monkeypatch.setattr(agreement_module, "HANDOVER_S", 60.0)     # a lagging rank on a loaded machine: not tested
     agreement = state.engine().agreement
     assert isinstance(agreement._exchange, MessageExchange)

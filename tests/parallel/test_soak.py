@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import ringtrain as rt
-from ringtrain import state
+from ringtrain.core import state
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import soak  # noqa: E402  (tests/soak.py: program generator, executor and numpy references)

@@ -100,7 +100,7 @@ def test_n_ranks_equal_one_process_on_concatenated_batch(rt, optimizer, passes, 
 def test_cpu_gradients_live_in_the_shm_window_and_match_reference(rt, overlap):
     """After the first step every CPU .grad -- a 1.4 MB one with a bucket of its own included -- is a view of a
     buffer in the shm window (reduced with no copy-in or copy-out), and training still equals one process."""
-    from ringtrain import state
+    from ringtrain.core import state
 
     def make():
         torch.manual_seed(7)

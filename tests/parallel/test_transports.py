@@ -17,7 +17,7 @@ from ringtrain.config import Config
 from ringtrain.errors import RankFailureError
 from ringtrain.ops import DTYPES, ReduceOp
 from ringtrain.transports.base import even_counts, offsets
-from ringtrain.watchdog import Watchdog
+from ringtrain.engine.watchdog import Watchdog
 
 
 OPS = [ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT]

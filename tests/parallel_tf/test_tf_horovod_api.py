@@ -1,13 +1,13 @@
 """Horovod's horovod.tensorflow names that scripts call, with Horovod's documented behaviour: the *_built queries,
 rank_op / size_op / local_rank_op / local_size_op, grouped_allgather, broadcast_global_variables, integer Average,
-allreduce of tf.IndexedSlices without dense_shape, and auto names that restart with ringtrain.names.reset()."""
+allreduce of tf.IndexedSlices without dense_shape, and auto names that restart with ringtrain.core.names.reset()."""
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import ringtrain
 import ringtrain.tensorflow as hvd
-from ringtrain import build_info
+from ringtrain.core import build_info
 
 MODES = ["eager", "graph"]
 pytestmark = pytest.mark.mpi(min_size=2)
@@ -109,9 +109,9 @@ def test_indexed_slices_without_dense_shape_are_gathered(mode, how):
 
 def test_eager_auto_names_restart_with_names_reset():
     from ringtrain.tensorflow import functions
-    ringtrain.names.reset()
+    ringtrain.core.names.reset()
     first = functions._auto_name("allreduce", None, tf.zeros(1))
-    ringtrain.names.reset()
+    ringtrain.core.names.reset()
     assert functions._auto_name("allreduce", None, tf.zeros(1)) == first == "tf.allreduce.1"
     # and the ranks still agree on them: an unnamed eager allreduce after the reset
     np.testing.assert_array_equal(hvd.allreduce(tf.ones(2), op=hvd.Sum).numpy(), np.full(2, hvd.size()))

@@ -5,7 +5,7 @@ whoever is alive, and re-forms it when workers die or join.
     ringtrain-run -np 3 --min-np 2 -H localhost:3 python train.py
 
 Each worker runs `mpiexec -n 1 [-hosts H] command` with the driver's address in its environment and keeps one TCP
-connection to the driver (ringtrain/elastic/protocol.py). A worker's connection closing (or its mpiexec ending) is
+connection to the driver (ringtrain/world/elastic_protocol.py). A worker's connection closing (or its mpiexec ending) is
 how a death is seen, within milliseconds: the driver tells the rest of that world at once (`peer_failed`, which ends
 their waits), blacklists the host, and forms the next world when every survivor has asked for one. New workers
 (free slots, up to --max-np) are started as discovery offers slots; once ready they are announced to the running
@@ -27,9 +27,9 @@ import subprocess
 import sys
 import time
 
-from .elastic.hosts import Blacklist, DiscoveryError, free_slots, parse_hosts, run_discovery
-from .elastic.protocol import DRIVER_VARIABLE, HOST_VARIABLE, WORKER_VARIABLE, LineReader, encode
-from .launchers.child import die_with_parent
+from .hosts import Blacklist, DiscoveryError, free_slots, parse_hosts, run_discovery
+from ..world.elastic_protocol import DRIVER_VARIABLE, HOST_VARIABLE, WORKER_VARIABLE, LineReader, encode
+from .child import die_with_parent
 
 PROG = "ringtrain-run"
 DISCOVERY_PERIOD_S = 1.0

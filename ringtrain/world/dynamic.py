@@ -1,6 +1,6 @@
 """Growing an MPI world one process at a time with MPI's dynamic processes: every member takes part in each
 Accept, the joiner Connects, and the two sides Merge into one intracommunicator (the joiner last). Used by join.py
-(torch.distributed-style launches) and the elastic workers (ringtrain/elastic/worker.py)."""
+(torch.distributed-style launches) and the elastic workers (ringtrain/world/elastic_worker.py)."""
 from mpi4py import MPI
 
 

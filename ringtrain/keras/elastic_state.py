@@ -16,12 +16,12 @@ import functools
 
 import tensorflow as tf
 
-from .. import state as core_state
-from ..keras.callbacks import _RingtrainCallback
+from ..core import state as core_state
+from .callbacks import _RingtrainCallback
 from ..tensorflow.functions import broadcast_variables
-from . import runner
-from .errors import HorovodInternalError
-from .state import ObjectState
+from ..elastic import runner
+from ..errors import HorovodInternalError
+from ..elastic.state import ObjectState
 
 
 def run(func):

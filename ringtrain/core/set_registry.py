@@ -5,7 +5,7 @@ collective's engine in it, and process_sets.py (above the collectives) adds and 
 import dataclasses
 import threading
 
-from .errors import RingtrainError
+from ..errors import RingtrainError
 
 _lock = threading.Lock()
 _members = {}       # process_set_id -> _Membership, for the sets this rank belongs to (world excluded)
@@ -117,8 +117,8 @@ def create(process_set, everyone, world, config):
     comm = world.Split(color=0 if member else MPI.UNDEFINED, key=rank)
     membership = None
     if member:
-        from .engine import Engine
-        from .topology import Topology
+        from ..engine.engine import Engine
+        from ..topology import Topology
         topology = Topology(comm)
         # one timeline file per process: the world engine owns it
         membership = _Membership(comm, topology, Engine(topology, dataclasses.replace(config, timeline="")))
@@ -163,7 +163,7 @@ def shutdown_all():
 
 
 def abandon_all(error):
-    """ringtrain.state.abandon(): every set's engine leaves its (dead) world without a collective call."""
+    """ringtrain.core.state.abandon(): every set's engine leaves its (dead) world without a collective call."""
     members = _forget_all()
     for membership in members:
         membership.engine.abandon(error)

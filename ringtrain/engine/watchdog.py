@@ -12,7 +12,7 @@ import threading
 import time
 import weakref
 
-from .errors import RankFailureError
+from ..errors import RankFailureError
 
 YIELD_S = 2e-4     # how long a wait polls with sched_yield before it starts sleeping
 SPIN_POLLS = 64    # polls without yielding first -- only while this machine has a core for every rank on it

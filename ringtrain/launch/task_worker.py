@@ -1,6 +1,6 @@
 """One rank of ringtrain.spark.run / ringtrain.ray.run, as its own 1-rank MPI job:
 
-    RANK=1 WORLD_SIZE=2 MASTER_ADDR=... MASTER_PORT=... mpiexec -n 1 python -m ringtrain.launchers.worker IN OUT
+    RANK=1 WORLD_SIZE=2 MASTER_ADDR=... MASTER_PORT=... mpiexec -n 1 python -m ringtrain.launch.task_worker IN OUT
 
 IN holds cloudpickle.dumps((fn, args, kwargs)); fn calls ringtrain.init() (which joins the WORLD_SIZE processes into
 one world, launchers/join.py). OUT receives pickle.dumps(("ok", cloudpickle.dumps(value))) or ("error", text).

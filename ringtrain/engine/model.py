@@ -12,7 +12,7 @@ import dataclasses
 import enum
 import zlib
 
-from .ops import DTYPES, ReduceOp, result_scale
+from ..ops import DTYPES, ReduceOp, result_scale
 
 
 @dataclasses.dataclass(frozen=True)

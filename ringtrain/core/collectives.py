@@ -8,15 +8,15 @@ import pickle
 import numpy as np
 
 from . import state
-from .errors import RingtrainError
-from .fusion import ops_for
-from .handle import Handle
+from ..errors import RingtrainError
+from ..engine.fusion import ops_for
+from ..engine.handle import Handle
 from .names import auto_name as _auto_name
-from .engine_model import Meta
-from .ops import Average, as_op, check_op_dtype, dtype_name
+from ..engine.model import Meta
+from ..ops import Average, as_op, check_op_dtype, dtype_name
 from .routing import route
-from .request import Request
-from .transports.segments import Segments
+from ..engine.request import Request
+from ..transports.segments import Segments
 
 
 def _name(kind, name, to):

@@ -25,7 +25,7 @@ in order, so the message that completes the receive for cycle c + 1 is that peer
 import numpy as np
 from mpi4py import MPI
 
-from .errors import StallError
+from ..errors import StallError
 
 _LINE = 64
 TAG_CYCLE = 13

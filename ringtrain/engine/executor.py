@@ -11,14 +11,14 @@ the copy-out. Staging buffers persist across calls; the only per-call allocation
 import logging
 import time
 
-from .engine_model import Source
+from .model import Source
 from .fusion import ops_for
-from .ops import DTYPES, ReduceOp, reduce_in_rank_order
-from .timeline import open_timeline
-from .stats import CommStats
-from .transports import choice
-from .transports.base import even_counts
-from .transports.segments import Segments
+from ..ops import DTYPES, ReduceOp, reduce_in_rank_order
+from ..timeline import open_timeline
+from ..stats import CommStats
+from ..transports import choice
+from ..transports.base import even_counts
+from ..transports.segments import Segments
 
 log = logging.getLogger("ringtrain")
 

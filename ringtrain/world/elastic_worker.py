@@ -22,9 +22,9 @@ import threading
 import traceback
 
 from ..errors import RankFailureError
-from ..watchdog import abort_all
-from .errors import ElasticError
-from .protocol import DRIVER_VARIABLE, WORKER_VARIABLE, LineReader, encode
+from ..engine.watchdog import abort_all
+from ..errors import ElasticError
+from .elastic_protocol import DRIVER_VARIABLE, WORKER_VARIABLE, LineReader, encode
 
 _client = None
 _client_lock = threading.Lock()
@@ -107,7 +107,7 @@ def elastic_world(timeout_s):
     """A new world for this worker, as the driver plans it (blocks until the driver has formed the next world)."""
     from mpi4py import MPI
 
-    from ..launchers.dynamic import accept_one, grow, merge
+    from .dynamic import accept_one, grow, merge
     driver = client()
     driver.send("ready")
     plan = driver.expect("world", timeout_s=None)

@@ -3,9 +3,10 @@ import atexit
 import logging
 import threading
 
-from . import gpu, names, set_registry
-from .config import Config
-from .errors import NotInitializedError, RingtrainError
+from .. import gpu
+from . import names, set_registry
+from ..config import Config
+from ..errors import NotInitializedError, RingtrainError
 
 _lock = threading.Lock()
 _state = None     # (topology, engine, config, gpu_id) while initialised
@@ -28,10 +29,10 @@ def init(comm=None, process_sets: "list | None" = None, **config_overrides) -> N
         if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
             raise RingtrainError("MPI was initialised with a thread level below MPI_THREAD_SERIALIZED; ringtrain's "
                                  "engine thread needs at least SERIALIZED (mpi4py's default is MULTIPLE)")
-        from .engine import Engine
-        from .topology import Topology
+        from ..engine.engine import Engine
+        from ..topology import Topology
         if comm is None:
-            from .launchers.join import launched_world
+            from ..world.join import launched_world
             comm = launched_world(MPI.COMM_WORLD, config)     # MPI's world, a joined one, or a LaunchError
         topology = Topology(comm, config.simulate_nodes)
         gpu_id = _bind_gpu(topology.local_rank)
@@ -91,7 +92,7 @@ def abandon(reason):
     may then start ringtrain on a new world. Used by ringtrain.elastic when a peer died; a no-op when not
     initialised."""
     global _state
-    from .errors import RankFailureError
+    from ..errors import RankFailureError
     with _lock:
         if _state is None:
             return
@@ -183,7 +184,7 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     """Start (or restart into another file) the Chrome-trace timeline at run time, as RINGTRAIN_TIMELINE does at
     init: rank 0 writes file_path (every rank, file.rank<r>.ext, with RINGTRAIN_TIMELINE_ALL_RANKS). mark_cycles
     is accepted for Horovod's signature; the engine has no cycles to mark."""
-    from .timeline import Timeline, timeline_path
+    from ..timeline import Timeline, timeline_path
     eng = engine()
     path = timeline_path(str(file_path), rank(), config().timeline_all_ranks)
     if path is None:

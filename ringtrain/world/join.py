@@ -29,9 +29,9 @@ class JoinError(RingtrainError):
 
 def launched_world(comm_world, config):
     """init()'s world: MPI's own, or the processes of a torch.distributed-style launch joined into one (see
-    environment.py), or the next world of an elastic job (ringtrain/elastic/worker.py); raises LaunchError where
+    environment.py), or the next world of an elastic job (ringtrain/world/elastic_worker.py); raises LaunchError where
     none would be the job the launcher started."""
-    from ..elastic import worker
+    from . import elastic_worker as worker
     if worker.enabled():
         config.elastic = True      # a dead peer ends only this world; the driver forms the next
         config.drive_mpi_progress = True      # a joined world (below)

@@ -530,7 +530,7 @@ def launch(argv):
 
 
 def launch_elastic(args, mpiexec, env):
-    """The elastic driver (ringtrain/elastic_driver.py) starts and re-forms the workers; it never starts MPI here."""
+    """The elastic driver (ringtrain/launch/elastic_driver.py) starts and re-forms the workers; it never starts MPI here."""
     from .elastic_driver import ElasticDriver
     driver = ElasticDriver(args.command, env, mpiexec, args.num_ranks, min_np=args.min_np, max_np=args.max_np,
                            hosts=args.hosts, discovery_script=args.host_discovery_script, slots=args.slots,

@@ -9,7 +9,7 @@ import collections
 import dataclasses
 import time
 
-from .engine_model import Collective, Failed, JoinDone, Shutdown
+from .model import Collective, Failed, JoinDone, Shutdown
 from .response_cache import ResponseCache
 
 CACHE_CAPACITY = 1024         # Horovod's default (RINGTRAIN_CACHE_CAPACITY)

@@ -41,7 +41,7 @@ def host_address():
 
 def run_rank(payload, rank, size, master_addr, master_port, env=None):
     """Run one rank; return the cloudpickled value fn returned, or raise RankFailedError naming the rank."""
-    from ..run import find_mpiexec
+    from .run import find_mpiexec
     with tempfile.TemporaryDirectory(prefix=f"ringtrain-rank{rank}-") as tmp:
         payload_path, result_path = os.path.join(tmp, "payload"), os.path.join(tmp, "result")
         with open(payload_path, "wb") as f:
@@ -53,7 +53,7 @@ def run_rank(payload, rank, size, master_addr, master_port, env=None):
         # trains at a plain mpiexec job's speed; on ucx each is its own node (the mpi transport, 1.5x slower steps
         # measured at 3-4 ranks), and ucx crashed a process sending to a peer that had just died.
         rank_env.setdefault("MPIR_CVAR_CH4_NETMOD", "ofi")
-        cmd = [find_mpiexec(), "-n", "1", sys.executable, "-m", "ringtrain.launchers.worker", payload_path,
+        cmd = [find_mpiexec(), "-n", "1", sys.executable, "-m", "ringtrain.launch.task_worker", payload_path,
                result_path]
         proc = subprocess.run(cmd, env=rank_env, stdin=subprocess.DEVNULL, stdout=None, stderr=subprocess.PIPE,
                               preexec_fn=die_with_parent)

@@ -55,7 +55,7 @@ import numpy as np
 import ringtrain as _core
 from ringtrain.errors import RingtrainError
 from ringtrain.ops import Average, Sum, as_op
-from ringtrain.process_sets import global_process_set
+from ringtrain.core.process_sets import global_process_set
 
 # names stay distinct when one process wraps several optimizers; counted per process set, so an optimizer that only
 # a set's members create does not shift the names of the world's next optimizer on those ranks alone

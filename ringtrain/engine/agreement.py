@@ -39,12 +39,12 @@ import time
 from mpi4py import MPI
 
 from .cycle_exchange import MESSAGE_CYCLE_MAX_RANKS, MessageExchange, WindowExchange
-from .engine_model import Abort, Collective, Source, Warn
-from .errors import StallError
+from .model import Abort, Collective, Source, Warn
+from ..errors import StallError
 from .negotiation import SAME_EVERYWHERE, Coordinator, fuse_allreduces
-from .ops import DTYPES
+from ..ops import DTYPES
 from .response_cache import CacheView
-from .transports.segments import Segments
+from ..transports.segments import Segments
 
 log = logging.getLogger("ringtrain")
 

@@ -6,7 +6,7 @@ copy-in). Averaging's 1/N is fused into the copy-out.
 """
 import numpy as np
 
-from .ops import scale_into
+from ..ops import scale_into
 from .result_pool import ResultPool
 
 
@@ -15,7 +15,7 @@ def ops_for(device):
     kernels; imported only when a device array is seen) for 'cuda'."""
     if device == "cpu":
         return HOST_OPS
-    from . import gpu
+    from .. import gpu
     return gpu.device_ops()
 
 

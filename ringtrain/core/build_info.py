@@ -52,7 +52,7 @@ def rocm_built() -> bool:
 @functools.lru_cache(maxsize=None)
 def cuda_built() -> bool:
     """True when a CUDA GPU is usable through cupy (the GPU path: cuda_ipc, nccl transports, our kernels)."""
-    from . import gpu
+    from .. import gpu
     return bool(gpu.available())
 
 

@@ -10,10 +10,10 @@ import copy
 
 import torch
 
-from .. import collectives
-from .. import state as core_state
-from .sampler import ElasticSampler
-from .state import ObjectState
+from ..core import collectives
+from ..core import state as core_state
+from ..elastic.sampler import ElasticSampler
+from ..elastic.state import ObjectState
 
 
 class _ModelHandler:
@@ -28,7 +28,7 @@ class _ModelHandler:
         self.value.load_state_dict(self._saved)
 
     def sync(self):
-        from ..torch.broadcast import broadcast_parameters
+        from .broadcast import broadcast_parameters
         broadcast_parameters(self.value.state_dict(), root_rank=0)
 
     def reset(self):
@@ -37,7 +37,7 @@ class _ModelHandler:
 
 class _OptimizerHandler(_ModelHandler):
     def sync(self):
-        from ..torch.broadcast import broadcast_optimizer_state
+        from .broadcast import broadcast_optimizer_state
         broadcast_optimizer_state(self.value, root_rank=0)
 
 

@@ -16,7 +16,7 @@ element per bucket.
 """
 import dataclasses
 
-from .transports.base import even_counts, offsets
+from ..transports.base import even_counts, offsets
 
 
 @dataclasses.dataclass(frozen=True)

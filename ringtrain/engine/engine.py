@@ -28,15 +28,15 @@ import time
 
 from mpi4py import MPI
 
-from . import errors
+from .. import errors
 from .agreement import make_agreement
-from .engine_model import Abort, Collective, Failed, JoinDone, Shutdown, Warn
-from .errors import RankFailureError, RingtrainError, ShutdownError, StallError
+from .model import Abort, Collective, Failed, JoinDone, Shutdown, Warn
+from ..errors import RankFailureError, RingtrainError, ShutdownError, StallError
 from .executor import Executor
 from .fusion import HOST_OPS
 from .handle import Handle
 from .request import Request
-from .transports.segments import Segments
+from ..transports.segments import Segments
 from .watchdog import YIELD_S, Watchdog
 
 log = logging.getLogger("ringtrain")

@@ -1,0 +1,1 @@
+"""The engine: the background loop that gets the ranks to agree on collectives (agreement, negotiation, cycle exchange, response cache) and runs them (executor, fusion), with its data model, handles and bounded waits. Below the core API, above the transports."""
