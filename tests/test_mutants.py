@@ -1,6 +1,8 @@
-"""tools/mutants.py's mechanics, without running any mutant: planting, STALE and INVALID detection, the commands."""
+"""tools/mutants.py's mechanics (planting, STALE and INVALID detection, the commands, the sample), every target's
+freshness, and a few mutants chosen from the commit, planted and caught."""
 import importlib.util
 import os
+import subprocess
 import sys
 
 import pytest
@@ -52,3 +54,48 @@ def test_every_mutant_names_test_files_that_exist():
         for tests in m.tests:
             for path in tests.paths:
                 assert os.path.exists(os.path.join(REPO, path)), f"{m.name}: {path}"
+
+
+def test_every_mutant_target_occurs_exactly_once():
+    """A mutant whose text has gone stale (the code moved on) would 'pass' by never being planted."""
+    stale = []
+    for m in mutants.MUTANTS:
+        path = os.path.join(REPO, m.path)
+        count = open(path, encoding="utf-8").read().count(m.old) if os.path.exists(path) else -1
+        if count != 1:
+            stale.append(f"{m.name}: {m.path} holds its target {count} times" if count >= 0 else
+                         f"{m.name}: {m.path} does not exist")
+    assert not stale, "stale mutants (plant the same bug in the code as it is now):\n" + "\n".join(stale)
+
+
+def test_the_sample_is_fixed_by_the_seed_and_keeps_to_its_budget():
+    cheap = [mutants.Mutant(f"m{i}", "p", "a", "b", (mutants.Tests(("t",)),)) for i in range(20)]
+    costly = [mutants.Mutant(f"j{i}", "p", "a", "b", (mutants.Tests(("t",), ranks=2),)) for i in range(5)]
+    first = mutants.sample(cheap + costly, 3, "abc", budget_s=59)
+    assert [m.name for m in first] == [m.name for m in mutants.sample(cheap + costly, 3, "abc", budget_s=59)]
+    assert len(first) == 2 and all(not t.ranks for m in first for t in m.tests)     # 2 x 20 s fit, a 60 s job not
+    assert len(mutants.sample(cheap, 3, "abc", budget_s=60)) == 3
+    others = {m.name for s in ("a", "b", "c", "d") for m in mutants.sample(cheap + costly, 3, s, budget_s=60)}
+    assert len(others) > 3                                                          # the seed rotates the sample
+    assert len(mutants.sample(costly, 3, "abc", budget_s=10)) == 1                  # at least one, even over budget
+
+
+def _commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+@pytest.mark.timeout(400)
+def test_a_sample_of_mutants_chosen_from_the_commit_is_caught():
+    """Every commit plants a few of the table's bugs (a different few per commit) and fails on a survivor."""
+    seed = os.environ.get("RINGTRAIN_MUTANT_SEED") or _commit() or "no-commit"
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "tools", "mutants.py"), "--sample", "3", "--seed",
+                           seed, "--budget", "100", "--no-baseline"], cwd=REPO, capture_output=True, text=True,
+                          timeout=380)
+    print(proc.stdout[-3000:])
+    assert proc.returncode == 0 and " CAUGHT " in proc.stdout, (
+        f"a planted bug was not caught (seed {seed}; rerun with RINGTRAIN_MUTANT_SEED={seed} "
+        f"python tools/mutants.py --sample 3 --seed {seed}):\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}")

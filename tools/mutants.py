@@ -4,6 +4,7 @@
     python tools/mutants.py                 # every mutant (a few minutes on a quiet 2-core machine)
     python tools/mutants.py -k shm          # those whose name contains "shm"
     python tools/mutants.py --list          # what would run
+    python tools/mutants.py --sample 3 --seed abc123 --budget 100   # CI: a few, chosen from the commit
 
 For each mutant: copy the repository to a temporary directory, replace one exact piece of text in one file, run the
 mutant's tests there (single-process pytest or an mpiexec job of tests/parallel files, with PYTHONPATH pointing at the
@@ -12,10 +13,13 @@ copy) and call it CAUGHT when a test fails. The working tree is never touched.
 Exit status is non-zero when a mutant SURVIVED (no test failed), is STALE (its text is not in the file exactly once:
 the code moved on, so update the mutant to plant the same bug in the new code) or INVALID (the mutated file does not
 compile), or when the tests already fail without any mutant (BASELINE). Run it whenever the engine, a transport or
-the optimizer changed. It is not part of CI: it takes minutes, and a stale mutant must not block a landing.
+the optimizer changed. CI runs the cheap part: tests/test_mutants.py checks that every target is planted exactly once
+(a stale mutant fails CI) and runs a small sample chosen from the commit (`--sample`), so every commit checks a few
+and the whole table rotates through CI over time.
 """
 import argparse
 import dataclasses
+import hashlib
 import os
 import py_compile
 import shutil
@@ -853,14 +857,32 @@ def run_baseline(mutants):
         return failed
 
 
+def sample(mutants, count, seed, budget_s):
+    """Up to `count` mutants in an order fixed by `seed` (the commit in CI), skipping those whose estimated cost
+    would pass the budget (at least one is always chosen). A different seed picks others."""
+    ordered = sorted(mutants, key=lambda m: hashlib.sha256(f"{seed}:{m.name}".encode()).hexdigest())
+    chosen, cost = [], 0.0
+    for m in ordered:
+        estimate = sum(60.0 if t.ranks else 20.0 for t in m.tests)     # seconds, pessimistic, on 2 cores
+        if len(chosen) < count and cost + estimate <= budget_s:
+            chosen.append(m)
+            cost += estimate
+    return chosen or ordered[:1]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-k", dest="select", default="", help="only mutants whose name contains this")
     parser.add_argument("--list", action="store_true", help="list the mutants and their tests, run nothing")
     parser.add_argument("--no-baseline", action="store_true", help="skip running the tests without a mutant first")
+    parser.add_argument("--sample", type=int, default=0, help="run only this many, chosen by --seed")
+    parser.add_argument("--seed", default="", help="what chooses the sample (CI passes the commit)")
+    parser.add_argument("--budget", type=float, default=120.0, help="the sample's estimated seconds, at most")
     parser.add_argument("-v", "--verbose", action="store_true", help="print the failing output of caught mutants")
     args = parser.parse_args(argv)
     mutants = [m for m in MUTANTS if args.select in m.name]
+    if args.sample:
+        mutants = sample(mutants, args.sample, args.seed, args.budget)
     if args.list:
         for m in mutants:
             print(f"{m.name:40} {m.path:32} {'; '.join(t.describe() for t in m.tests)}")
