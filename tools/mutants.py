@@ -73,6 +73,7 @@ SOAK = "tests/parallel/test_soak.py"
 SHARDED = "tests/parallel/test_sharded_optimizer.py"
 
 BENCHMARKS = "tests/test_benchmarks.py"
+IMPORT_GRAPH = "tests/test_import_graph.py"
 
 MUTANTS = [
     Mutant("shm_reduce_skips_a_peer", "ringtrain/transports/shm.py",
@@ -752,6 +753,18 @@ MUTANTS = [
            (Tests((BENCHMARKS,), select="step_breakdown_quick"),),
            "lockstep+traffic:views never points the .grad at the window: backward hands over fresh gradients that "
            "nothing reads, and the floor leaves out the zeroing and the adds"),
+    Mutant("import_graph_transport_reads_the_core_state", "ringtrain/transports/choice.py",
+           "    \"\"\"'auto', True or False from RINGTRAIN_HIERARCHICAL / init(hierarchical=...).\"\"\"\n",
+           "    \"\"\"'auto', True or False from RINGTRAIN_HIERARCHICAL / init(hierarchical=...).\"\"\"\n"
+           "    from ..core.state import config  # noqa: F401\n",
+           (Tests((IMPORT_GRAPH,), select="points_up"),),
+           "a transport reaches up into the core API's state from inside a function, where Python does not see it"),
+    Mutant("import_graph_circle_through_a_package_init", "ringtrain/world/join.py",
+           "    from . import elastic_worker as worker\n",
+           "    from . import elastic_worker as worker\n    import ringtrain.elastic  # noqa: F401\n",
+           (Tests((IMPORT_GRAPH,), select="circle_in_the_package"),),
+           "joining a world imports the elastic package from inside a function: its __init__ runs the runner, which "
+           "needs the core state, which joins the world"),
 ]
 
 
