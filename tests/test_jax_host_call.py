@@ -34,7 +34,7 @@ recorder_p = collective_primitive("test_recorder", _record, lambda *avals, spec:
 def lowering(request, monkeypatch):
     monkeypatch.setenv("RINGTRAIN_JAX_LOWERING", request.param)
     # an earlier test of this process may have left ringtrain initialized with its own config: read the variable
-    monkeypatch.setattr(ffi_target._core, "is_initialized", lambda: False)
+    monkeypatch.setattr(ffi_target.state, "is_initialized", lambda: False)
     return request.param
 
 
@@ -105,7 +105,7 @@ def test_a_failed_build_falls_back_to_the_host_callback_with_a_warning(monkeypat
     monkeypatch.setattr(ffi_build, "_loaded", None)
     monkeypatch.setattr(ffi_target, "_state", {})
     # an earlier test of this process may have left ringtrain initialized with its own config: read the variable
-    monkeypatch.setattr(ffi_target._core, "is_initialized", lambda: False)
+    monkeypatch.setattr(ffi_target.state, "is_initialized", lambda: False)
     library, reason = ffi_build.load()
     assert library is None and "exited 1" in reason
     monkeypatch.setenv("RINGTRAIN_JAX_LOWERING", "auto")

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from jax.core import ShapedArray
 
-import ringtrain as _core
+from ringtrain.core import collectives
 from ringtrain.errors import TensorMismatchError
 from ringtrain.core.process_sets import ProcessSet, global_process_set
 
@@ -37,7 +37,7 @@ def _run(*inputs, spec):
     parts = [w.array for w in wires]
     if spec.rows is not None:          # the row counts travel with the data: every rank checks every rank's
         parts.append(np.array([a.shape[0] for a in inputs], np.int64))
-    gathered = _core.grouped_allgather(parts, spec.name, spec.process_set)
+    gathered = collectives.grouped_allgather(parts, spec.name, spec.process_set)
     if spec.rows is not None:
         _check_rows(spec, gathered.pop().reshape(-1, len(inputs)))
     return [w.back(g) for w, g in zip(wires, gathered)]

@@ -11,7 +11,7 @@ import dataclasses
 
 import jax
 
-import ringtrain as _core
+from ringtrain.core import collectives
 from ringtrain.ops import ReduceOp, resolve_op
 from ringtrain.core.process_sets import ProcessSet, global_process_set
 
@@ -39,14 +39,14 @@ def _run(*arrays, spec):
     outs = [aligned_empty(w.array.shape, w.array.dtype) for w in wires]
     op = wires[0].op if len({w.op for w in wires}) == 1 else None
     if op is None:                           # unsigned Average next to other dtypes: one request per wire op
-        results = [_core.allreduce(w.array, w.op, f"{spec.name}.{i}", spec.prescale_factor,
+        results = [collectives.allreduce(w.array, w.op, f"{spec.name}.{i}", spec.prescale_factor,
                                    spec.postscale_factor, out=out, process_set=spec.process_set)
                    for i, (w, out) in enumerate(zip(wires, outs))]
     elif len(wires) == 1:
-        results = [_core.allreduce(wires[0].array, op, spec.name, spec.prescale_factor, spec.postscale_factor,
+        results = [collectives.allreduce(wires[0].array, op, spec.name, spec.prescale_factor, spec.postscale_factor,
                                    out=outs[0], process_set=spec.process_set)]
     else:
-        results = _core.grouped_allreduce([w.array for w in wires], op, spec.name, spec.prescale_factor,
+        results = collectives.grouped_allreduce([w.array for w in wires], op, spec.name, spec.prescale_factor,
                                           spec.postscale_factor, outs=outs, process_set=spec.process_set)
     size = spec.process_set.size()
     return [w.back(r, size) for w, r in zip(wires, results)]

@@ -13,7 +13,7 @@ import dataclasses
 import jax
 import numpy as np
 
-import ringtrain as _core
+from ringtrain.core import collectives
 from ringtrain.errors import TensorMismatchError
 from ringtrain.core.process_sets import ProcessSet, global_process_set
 
@@ -33,7 +33,7 @@ class AlltoallSpec:
 
 def _exchange(array, spec):
     wire = Wire(array)
-    received, received_splits = _core.alltoall(wire.array, spec.splits, spec.name, process_set=spec.process_set)
+    received, received_splits = collectives.alltoall(wire.array, spec.splits, spec.name, process_set=spec.process_set)
     return wire.back(received), np.asarray(received_splits)
 
 

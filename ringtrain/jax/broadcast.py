@@ -9,7 +9,7 @@ import dataclasses
 
 import jax
 
-import ringtrain as _core
+from ringtrain.core import collectives, state
 from ringtrain.core.process_sets import ProcessSet, global_process_set
 
 from . import gradients
@@ -28,7 +28,7 @@ class BroadcastSpec:
 def _run(*inputs, spec):
     wires = [Wire(a) for a in inputs]
     names = [spec.name] if len(wires) == 1 else [f"{spec.name}.{i}" for i in range(len(wires))]
-    handles = [_core.broadcast_async(w.array, spec.root_rank, n, process_set=spec.process_set)
+    handles = [collectives.broadcast_async(w.array, spec.root_rank, n, process_set=spec.process_set)
                for w, n in zip(wires, names)]
     return [w.back(h.wait()) for w, h in zip(wires, handles)]
 
@@ -51,8 +51,8 @@ def _checked(leaves, what):
 def _check_root(root_rank, what):
     if not isinstance(root_rank, int) or isinstance(root_rank, bool):
         raise TypeError(f"{what}: root_rank must be an int, got {root_rank!r}")
-    if not 0 <= root_rank < _core.size():
-        raise ValueError(f"{what}: root_rank {root_rank} is out of range for {_core.size()} ranks")
+    if not 0 <= root_rank < state.size():
+        raise ValueError(f"{what}: root_rank {root_rank} is out of range for {state.size()} ranks")
     return root_rank
 
 

@@ -19,7 +19,7 @@ import warnings
 import jax
 import numpy as np
 
-import ringtrain as _core
+from ringtrain.core import state
 from ringtrain.config import Config
 
 from . import ffi_build
@@ -125,7 +125,7 @@ def use_ffi(platform):
 
 
 def _configured_lowering():
-    choice = (_core.config() if _core.is_initialized() else Config.from_env()).jax_lowering
+    choice = (state.config() if state.is_initialized() else Config.from_env()).jax_lowering
     if choice not in ("auto", "ffi", "callback"):
         raise ValueError(f"RINGTRAIN_JAX_LOWERING must be auto, ffi or callback, not {choice!r}")
     return choice

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 import optax
 
-import ringtrain as _core
+from ringtrain.core import shared_arrays
 from ringtrain.ops import Average
 from ringtrain.core.process_sets import global_process_set
 from ringtrain.reducer.reducer import Member, Reducer, Scaling, instance_prefix
@@ -74,7 +74,7 @@ class PytreeReducer:
             return
         if bucket.buffer is None:
             # in the shm window: an in-place allreduce of it is read by peers where it lies (no copy in or out)
-            bucket.buffer = _core.empty_shared(sum(gradients[k].size for k in keys), gradients[keys[0]].dtype)
+            bucket.buffer = shared_arrays.empty_shared(sum(gradients[k].size for k in keys), gradients[keys[0]].dtype)
             bounds = np.cumsum([0] + [gradients[k].size for k in keys])
             bucket.views = [bucket.buffer[a:b].reshape(self.shapes[k]) for k, a, b in zip(keys, bounds, bounds[1:])]
         for k, view in zip(keys, bucket.views):

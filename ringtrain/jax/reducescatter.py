@@ -11,7 +11,7 @@ import dataclasses
 import jax
 from jax.core import ShapedArray
 
-import ringtrain as _core
+from ringtrain.core import collectives
 from ringtrain.ops import Average, ReduceOp, resolve_op
 from ringtrain.core.process_sets import ProcessSet, global_process_set
 
@@ -38,7 +38,7 @@ def _run(*inputs, spec):
     wires = [Wire(a, spec.op) for a in inputs]
     for w in wires:
         check_scales(w, spec.prescale_factor, spec.postscale_factor, f"reducescatter {spec.name!r}")
-    handles = [_core.reducescatter_async(w.array, w.op, spec.name if len(wires) == 1 else f"{spec.name}.{i}",
+    handles = [collectives.reducescatter_async(w.array, w.op, spec.name if len(wires) == 1 else f"{spec.name}.{i}",
                                          spec.process_set, spec.prescale_factor, spec.postscale_factor)
                for i, w in enumerate(wires)]
     size = spec.process_set.size()

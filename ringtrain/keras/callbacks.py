@@ -14,7 +14,7 @@ the core's error when it constructs one.
 import numpy as np
 import keras
 
-import ringtrain as _core
+from ringtrain.core import collectives
 from ringtrain.tensorflow import functions
 
 from . import xla
@@ -67,7 +67,7 @@ class MetricAverageCallback(_RingtrainCallback):
             return
         keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0 and isinstance(float(v), float))
         values = np.array([float(logs[k]) for k in keys], np.float64)
-        averaged = _core.allreduce(values, op=functions.Average, name=f"MetricAverageCallback.{epoch}.{','.join(keys)}",
+        averaged = collectives.allreduce(values, op=functions.Average, name=f"MetricAverageCallback.{epoch}.{','.join(keys)}",
                                    process_set=self.process_set)
         for key, value in zip(keys, averaged):
             logs[key] = float(value)

@@ -16,7 +16,7 @@ A binding implements `Primitives` (its own differentiable collectives on its ten
 import dataclasses
 import enum
 
-import ringtrain as _core
+from ringtrain.core import state
 from ringtrain.ops import Average, Sum, as_op
 
 
@@ -105,12 +105,12 @@ def backward(kind, grads, primitives, *, process_set, op=Average, prescale_facto
     else:
         out = [primitives.alltoall(grad, splits, process_set, n) for grad, n in zip(grads, names)]
     if rule.factor is not None:
-        set_size = process_set.size() if process_set is not None else _core.size()
+        set_size = process_set.size() if process_set is not None else state.size()
         factor = rule.factor(op, set_size, prescale_factor, postscale_factor)
         if factor != 1:
             out = [primitives.scale(g, factor) for g in out]
     if rule.keep is Keep.MY_ROWS:
         out = [primitives.rows_of_rank(g, r, process_set, n) for g, r, n in zip(out, rows, names)]
-    elif rule.keep is Keep.ROOT_ONLY and _core.rank() != root_rank:
+    elif rule.keep is Keep.ROOT_ONLY and state.rank() != root_rank:
         out = [primitives.zeros_like(g) for g in out]
     return out

@@ -52,7 +52,7 @@ import itertools
 
 import numpy as np
 
-import ringtrain as _core
+from ringtrain.core import collectives
 from ringtrain.errors import RingtrainError
 from ringtrain.ops import Average, Sum, as_op
 from ringtrain.core.process_sets import global_process_set
@@ -362,13 +362,13 @@ class Reducer:
         if self.collective is Collective.REDUCESCATTER:
             if len(arrays) != 1:
                 raise ValueError(f"a reducescatter bucket travels as one flat array, got {len(arrays)}")
-            start = _core.reducescatter if sync else _core.reducescatter_async
+            start = collectives.reducescatter if sync else collectives.reducescatter_async
             result = start(arrays[0], **kwargs)
         elif len(arrays) == 1:
-            start = _core.allreduce if sync else _core.allreduce_async
+            start = collectives.allreduce if sync else collectives.allreduce_async
             result = start(arrays[0], out=arrays[0] if outs is None else outs[0], **kwargs)
         else:
-            start = _core.grouped_allreduce if sync else _core.grouped_allreduce_async
+            start = collectives.grouped_allreduce if sync else collectives.grouped_allreduce_async
             result = start(arrays, outs=arrays if outs is None else list(outs), **kwargs)
         if sync:
             if done is not None:
@@ -465,7 +465,7 @@ class Reducer:
         mine += [0] * (len(self.members) - len(mine))   # members unused in step 1 have no place yet
         first = self.process_set.rank() == 0
         order = np.array(mine if first else [0] * len(mine), dtype=np.int64)
-        _core.allreduce(order, op=Sum, name=self.prefix + ".bucket_order", out=order, process_set=self.process_set)
+        collectives.allreduce(order, op=Sum, name=self.prefix + ".bucket_order", out=order, process_set=self.process_set)
         chosen = [i for i in order.tolist() if i]
         if not chosen:
             return   # rank 0 had already joined (all zeros): keep the current layout

@@ -32,7 +32,7 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-import ringtrain as _core
+from ringtrain.core import collectives
 from ringtrain.reducer import gradient_rules
 from ringtrain.core import names
 from ringtrain.core.build_info import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled,  # noqa: F401
@@ -157,7 +157,7 @@ def _backward(kind, grads, outputs, names, **forward):
 def _allreduce_raw(tensors, names, op, prescale_factor, postscale_factor, process_set):
     """One host call reducing every tensor of the list (each its own named request; the engine fuses them)."""
     def run(*inputs):
-        handles = [_core.allreduce_async(as_host_array(x), op=op, name=n, prescale_factor=prescale_factor,
+        handles = [collectives.allreduce_async(as_host_array(x), op=op, name=n, prescale_factor=prescale_factor,
                                          postscale_factor=postscale_factor, out=output_like(x),
                                          process_set=process_set)
                    for x, n in zip(inputs, names)]
@@ -236,7 +236,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
 
 def _allgather_raw(tensor, name, process_set):
     def run(x):
-        return [_core.allgather(as_host_array(x), name=name, process_set=process_set)]
+        return [collectives.allgather(as_host_array(x), name=name, process_set=process_set)]
     return host_call(run, [tensor], [(tensor.dtype, _rows_unknown(tensor.shape))], name)[0]
 
 
@@ -271,7 +271,7 @@ def grouped_allgather(tensors, name: "str | None" = None, process_set=global_pro
 
 def _broadcast_raw(tensors, names, root_rank, process_set):
     def run(*inputs):
-        handles = [_core.broadcast_async(as_host_array(x), root_rank, name=n, out=output_like(x),
+        handles = [collectives.broadcast_async(as_host_array(x), root_rank, name=n, out=output_like(x),
                                          process_set=process_set)
                    for x, n in zip(inputs, names)]
         return [h.wait() for h in handles]
@@ -335,7 +335,7 @@ def broadcast_global_variables(root_rank: int):
 
 def _alltoall_raw(tensor, splits, name, process_set):
     def run(x, *maybe_splits):
-        received, received_splits = _core.alltoall(as_host_array(x), splits=maybe_splits[0] if maybe_splits else None,
+        received, received_splits = collectives.alltoall(as_host_array(x), splits=maybe_splits[0] if maybe_splits else None,
                                                    name=name, process_set=process_set)
         return [received, np.asarray(received_splits, np.int32)]
     inputs = [tensor] if splits is None else [tensor, tf.cast(splits, tf.int32)]
@@ -369,7 +369,7 @@ def _reducescatter_rows(rows, rank_, size_):
 
 def _reducescatter_raw(tensor, op, name, process_set):
     def run(x):
-        return [_core.reducescatter(as_host_array(x), op=op, name=name, process_set=process_set)]
+        return [collectives.reducescatter(as_host_array(x), op=op, name=name, process_set=process_set)]
     shape = tensor.shape
     if shape.rank and shape[0] is not None:
         rows = _reducescatter_rows(shape[0], process_set.rank(), process_set.size())

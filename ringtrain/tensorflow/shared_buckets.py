@@ -24,7 +24,7 @@ core's copies.
 """
 import numpy as np
 
-import ringtrain as _core
+from ..core import shared_arrays
 
 from .arrays import TF_ALIGNMENT, aligned_empty
 
@@ -45,7 +45,7 @@ def layout(shapes, itemsize):
 
 def _zeroed(count, dtype):
     """Shared when possible, 64-byte aligned always, zeroed: the padding between tensors is reduced too."""
-    buffer = _core.empty_shared(count, dtype)
+    buffer = shared_arrays.empty_shared(count, dtype)
     if count and buffer.ctypes.data % TF_ALIGNMENT:
         buffer = aligned_empty((count,), dtype)
     buffer[...] = 0

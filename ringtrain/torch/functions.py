@@ -15,7 +15,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
-import ringtrain as _core
+from ringtrain.core import collectives, state
 from ringtrain.core.build_info import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled,  # noqa: F401
                                   mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rocm_built)
 from ringtrain.ops import Adasum, Average, Sum, Min, Max, Product, ReduceOp, as_op  # noqa: F401  (re-exported)
@@ -33,67 +33,67 @@ _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 def init(comm=None, process_sets: "list | None" = None, **config_overrides) -> None:
     """Start ringtrain (MPI, topology, engine) and register `process_sets`. Keyword overrides are
     ringtrain.config.Config fields."""
-    return _core.init(comm, process_sets=process_sets, **config_overrides)
+    return state.init(comm, process_sets=process_sets, **config_overrides)
 
 
 def is_homogeneous() -> bool:
     """True when every node runs the same number of ranks."""
-    return _core.is_homogeneous()
+    return state.is_homogeneous()
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     """Write the Chrome-trace timeline to file_path from now on (see ringtrain.timeline)."""
-    return _core.start_timeline(file_path, mark_cycles)
+    return state.start_timeline(file_path, mark_cycles)
 
 
 def stop_timeline() -> None:
     """Stop writing the timeline and close its file."""
-    return _core.stop_timeline()
+    return state.stop_timeline()
 
 
 def shutdown() -> None:
     """Stop ringtrain on this rank: finish pending collectives, stop the engine, free its resources."""
-    return _core.shutdown()
+    return state.shutdown()
 
 
 def is_initialized() -> bool:
     """True between init() and shutdown()."""
-    return _core.is_initialized()
+    return state.is_initialized()
 
 
 def rank() -> int:
     """This process's rank in the world, 0 .. size() - 1."""
-    return _core.rank()
+    return state.rank()
 
 
 def size() -> int:
     """The number of ranks in the world."""
-    return _core.size()
+    return state.size()
 
 
 def local_rank() -> int:
     """This process's rank among the ranks of its node."""
-    return _core.local_rank()
+    return state.local_rank()
 
 
 def local_size() -> int:
     """The number of ranks on this process's node."""
-    return _core.local_size()
+    return state.local_size()
 
 
 def cross_rank() -> int:
     """The index of this process's node among the nodes."""
-    return _core.cross_rank()
+    return state.cross_rank()
 
 
 def cross_size() -> int:
     """The number of nodes."""
-    return _core.cross_size()
+    return state.cross_size()
 
 
 def device() -> torch.device:
     """torch.device of the GPU bound to this rank at init, or cpu on machines without one."""
-    gpu = _core.gpu_device()
+    gpu = state.gpu_device()
     return torch.device("cpu") if gpu is None else torch.device("cuda", gpu)
 
 
@@ -179,7 +179,7 @@ def allreduce_async(tensor: torch.Tensor, average=None, name: "str | None" = Non
     """Start an allreduce of `tensor` into a new tensor; returns a TensorHandle."""
     op = resolve_op(op, average)
     array = to_array(contiguous(tensor))
-    handle = _core.allreduce_async(array, op=op, name=name, prescale_factor=prescale_factor,
+    handle = collectives.allreduce_async(array, op=op, name=name, prescale_factor=prescale_factor,
                                    postscale_factor=postscale_factor, process_set=process_set)
     return TensorHandle(handle, from_array)
 
@@ -189,7 +189,7 @@ def allreduce_async_(tensor: torch.Tensor, average=None, name: "str | None" = No
                      process_set: ProcessSet = global_process_set) -> "TensorHandle":
     """Start an in-place allreduce: the result is written into `tensor`; the handle's wait() returns `tensor`."""
     op, work, array = _in_place(tensor, average, op)
-    handle = _core.allreduce_async(array, op=op, name=name, prescale_factor=prescale_factor,
+    handle = collectives.allreduce_async(array, op=op, name=name, prescale_factor=prescale_factor,
                                    postscale_factor=postscale_factor, out=array, process_set=process_set)
     return TensorHandle(handle, lambda _result: copy_back(tensor, work))
 
@@ -199,7 +199,7 @@ def allreduce_(tensor: torch.Tensor, average=None, name: "str | None" = None, op
     """Allreduce `tensor` in place (default op: Average) and return it. Arguments as allreduce()."""
     # the core's synchronous call: this thread drives the engine itself, the engine thread is not woken
     op, work, array = _in_place(tensor, average, op)
-    _core.allreduce(array, op=op, name=name, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+    collectives.allreduce(array, op=op, name=name, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                     out=array, process_set=process_set)
     return copy_back(tensor, work)
 
@@ -223,7 +223,7 @@ def grouped_allreduce_async(tensors: list, average=None, name: "str | None" = No
     """One handle for many tensors, negotiated and fused together; wait() returns the list of results."""
     op = resolve_op(op, average)
     arrays = [to_array(contiguous(t)) for t in tensors]
-    handle = _core.grouped_allreduce_async(arrays, op=op, name=name, process_set=process_set,
+    handle = collectives.grouped_allreduce_async(arrays, op=op, name=name, process_set=process_set,
                                            **_scales(prescale_factor, postscale_factor))
     return TensorHandle(handle, lambda results: [from_array(r) for r in results])
 
@@ -236,7 +236,7 @@ def grouped_allreduce_async_(tensors: list, average=None, name: "str | None" = N
     tensors = list(tensors)
     works = [contiguous(t) for t in tensors]
     arrays = [to_array(w) for w in works]
-    handle = _core.grouped_allreduce_async(arrays, op=op, name=name, outs=arrays, process_set=process_set,
+    handle = collectives.grouped_allreduce_async(arrays, op=op, name=name, outs=arrays, process_set=process_set,
                                            **_scales(prescale_factor, postscale_factor))
     return TensorHandle(handle, lambda _results: [copy_back(t, w) for t, w in zip(tensors, works)])
 
@@ -307,18 +307,18 @@ def allgather_async(tensor: torch.Tensor, name: "str | None" = None,
     gathered shape to write into (wait() then returns it); a `tensor` that is a view of out at this rank's place
     is not copied at all."""
     if out is None:
-        handle = _core.allgather_async(to_array(contiguous(tensor)), name=name, process_set=process_set)
+        handle = collectives.allgather_async(to_array(contiguous(tensor)), name=name, process_set=process_set)
         return TensorHandle(handle, from_array)
     if not out.is_contiguous():
         raise ValueError(f"allgather out of shape {tuple(out.shape)} is not contiguous")
-    handle = _core.allgather_async(to_array(contiguous(tensor)), name=name, process_set=process_set,
+    handle = collectives.allgather_async(to_array(contiguous(tensor)), name=name, process_set=process_set,
                                    out=to_array(out))
     return TensorHandle(handle, lambda _result: out)
 
 
 def grouped_allgather_async(tensors, name: "str | None" = None, process_set=global_process_set):
     """Start an allgather of each tensor under one handle; synchronize(handle) returns the list of results."""
-    handle = _core.grouped_allgather_async([to_array(contiguous(t)) for t in tensors], name=name,
+    handle = collectives.grouped_allgather_async([to_array(contiguous(t)) for t in tensors], name=name,
                                            process_set=process_set)
     return TensorHandle(handle, lambda results: [from_array(r) for r in results])
 
@@ -326,7 +326,7 @@ def grouped_allgather_async(tensors, name: "str | None" = None, process_set=glob
 def broadcast_async(tensor: torch.Tensor, root_rank: int = 0, name: "str | None" = None,
                     process_set: ProcessSet = global_process_set) -> "TensorHandle":
     """Start a broadcast of root_rank's `tensor` into a new tensor on every rank. root_rank is a world rank."""
-    handle = _core.broadcast_async(to_array(contiguous(tensor)), root_rank=root_rank, name=name,
+    handle = collectives.broadcast_async(to_array(contiguous(tensor)), root_rank=root_rank, name=name,
                                    process_set=process_set)
     return TensorHandle(handle, from_array)
 
@@ -336,7 +336,7 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int = 0, name: "str | None
     """Start an in-place broadcast: every rank's `tensor` becomes root_rank's."""
     work = contiguous(tensor)
     array = to_array(work)
-    handle = _core.broadcast_async(array, root_rank=root_rank, name=name, out=array, process_set=process_set)
+    handle = collectives.broadcast_async(array, root_rank=root_rank, name=name, out=array, process_set=process_set)
     return TensorHandle(handle, lambda _result: copy_back(tensor, work))
 
 
@@ -353,7 +353,7 @@ def alltoall_async(tensor: torch.Tensor, splits=None, name: "str | None" = None,
     splits_dtype = torch.int32      # Horovod's: int32, or the dtype of the splits tensor passed in
     if isinstance(splits, torch.Tensor):
         splits_dtype, splits = splits.dtype, splits.tolist()
-    handle = _core.alltoall_async(to_array(contiguous(tensor)), splits=splits, name=name, process_set=process_set)
+    handle = collectives.alltoall_async(to_array(contiguous(tensor)), splits=splits, name=name, process_set=process_set)
 
     def finish(result):
         received, received_splits = result
@@ -365,7 +365,7 @@ def reducescatter_async(tensor: torch.Tensor, name: "str | None" = None, op=Aver
                         process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                         postscale_factor: float = 1.0) -> "TensorHandle":
     """Reduce over ranks and keep this rank's block of dim 0 (first blocks larger when it does not divide)."""
-    handle = _core.reducescatter_async(to_array(contiguous(tensor)), op=as_op(op), name=name,
+    handle = collectives.reducescatter_async(to_array(contiguous(tensor)), op=as_op(op), name=name,
                                        process_set=process_set, prescale_factor=prescale_factor,
                                        postscale_factor=postscale_factor)
     return TensorHandle(handle, from_array)
@@ -374,7 +374,7 @@ def reducescatter_async(tensor: torch.Tensor, name: "str | None" = None, op=Aver
 def grouped_reducescatter_async(tensors, name: "str | None" = None, op=Average, process_set=global_process_set,
                                 prescale_factor: float = 1.0, postscale_factor: float = 1.0):
     """Start a reducescatter of each tensor under one handle; synchronize(handle) returns this rank's blocks."""
-    handle = _core.grouped_reducescatter_async([to_array(contiguous(t)) for t in tensors], op=as_op(op), name=name,
+    handle = collectives.grouped_reducescatter_async([to_array(contiguous(t)) for t in tensors], op=as_op(op), name=name,
                                                process_set=process_set, prescale_factor=prescale_factor,
                                                postscale_factor=postscale_factor)
     return TensorHandle(handle, lambda results: [from_array(r) for r in results])
@@ -384,21 +384,21 @@ def grouped_reducescatter_async(tensors, name: "str | None" = None, op=Average, 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Returns once every rank of `process_set` has called barrier()."""
-    return _core.barrier(process_set=process_set)
+    return collectives.barrier(process_set=process_set)
 
 
 def join(device: int = -1) -> int:
     """This rank has no more data: it contributes zeros to the other ranks' allreduces until every rank has joined.
     Returns the last rank to join (the one whose parameters saw every step; broadcast from it afterwards).
     `device` is accepted for Horovod's signature: the zeros are made where each tensor lives."""
-    return int(_core.join())
+    return int(collectives.join())
 
 
 def broadcast_object(obj, root_rank: int = 0, name: "str | None" = None, process_set: ProcessSet = global_process_set):
     """root_rank's picklable object on every rank. Uses pickle: only for trusted peers (your own job's ranks)."""
-    return _core.broadcast_object(obj, root_rank=root_rank, name=name, process_set=process_set)
+    return collectives.broadcast_object(obj, root_rank=root_rank, name=name, process_set=process_set)
 
 
 def allgather_object(obj, name: "str | None" = None, process_set: ProcessSet = global_process_set) -> list:
     """List of every rank's picklable object, in rank order. Uses pickle: only for trusted peers."""
-    return _core.allgather_object(obj, name=name, process_set=process_set)
+    return collectives.allgather_object(obj, name=name, process_set=process_set)

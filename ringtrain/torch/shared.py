@@ -5,12 +5,12 @@ import math
 import numpy as np
 import torch
 
-import ringtrain as _core
+from ..core import shared_arrays
 
 
 def empty_shared(*size: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Like torch.empty(*size, dtype=dtype) on the CPU, in the shared window when the host transport has one."""
     shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size
     # the window's bytes reinterpreted as `dtype` (bfloat16 included, which numpy lacks)
-    raw = _core.empty_shared(math.prod(shape) * dtype.itemsize, np.uint8)
+    raw = shared_arrays.empty_shared(math.prod(shape) * dtype.itemsize, np.uint8)
     return torch.from_numpy(raw).view(dtype).view(shape)
