@@ -1,29 +1,50 @@
 """The elastic pieces that need no processes: the sampler across resizes, ObjectState, host lists, the blacklist."""
+import os
 import random
+import stat
+from unittest import mock
 
 import pytest
 
-from ringtrain.launch.hosts import Blacklist, DiscoveryError, free_slots, parse_hosts
+from ringtrain.elastic import sampler as sampler_module
 from ringtrain.elastic.sampler import ElasticSampler
 from ringtrain.elastic.state import ObjectState
+from ringtrain.launch.hosts import Blacklist, DiscoveryError, free_slots, parse_hosts, run_discovery
+
+
+class World:
+    """Stands in for the process-wide state the sampler reads: rank `rank` of `size`."""
+
+    def __init__(self, rank, size):
+        self._rank, self._size = rank, size
+
+    def is_initialized(self):
+        return True
+
+    def rank(self):
+        return self._rank
+
+    def size(self):
+        return self._size
 
 
 def deal(sampler, rank, size):
-    """The sampler as rank `rank` of `size` would see it (reset() reads the world; here it is set by hand)."""
-    sampler.rank, sampler.num_replicas = rank, size
-    sampler.indices = sampler.remaining_indices[rank::size]
-    sampler.num_samples = len(sampler.indices)
+    """The sampler as rank `rank` of `size` sees it: its own reset() reads that world."""
+    with mock.patch.object(sampler_module, "core_state", World(rank, size)):
+        sampler.reset()
     return sampler
 
 
 def new_world(samplers, size):
-    """What sync() does after a resize: rank 0's record, dealt over the new world."""
-    record = samplers[0].processed_indices
+    """What sync() does after a resize: rank 0's record loaded (load_state_dict re-deals) on each rank of the new
+    world."""
+    record = samplers[0].state_dict()
     fresh = []
     for rank in range(size):
         s = ElasticSampler(range(len(samplers[0].dataset)), shuffle=True, seed=3)
-        s.load_state_dict(dict(epoch=samplers[0].epoch, processed_indices=record))
-        fresh.append(deal(s, rank, size))
+        with mock.patch.object(sampler_module, "core_state", World(rank, size)):
+            s.load_state_dict(record)
+        fresh.append(s)
     return fresh
 
 
@@ -88,3 +109,24 @@ def test_hosts_and_blacklist():
     assert 5.0 <= cooling.record_failure("a", now=20.0) <= 5.5          # ... up to the range's top
     assert free_slots({"a": 2, "b": 1}, {("b", 0)}, cooling, now=20.0) == []
     assert free_slots({"a": 2, "b": 2}, {("b", 0)}, cooling, now=30.0) == [("a", 0), ("a", 1), ("b", 1)]
+
+
+def script(tmp_path, body):
+    path = tmp_path / "discover.sh"
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def test_discovery_reads_hosts_and_names_every_failure(tmp_path):
+    """A discovery script that fails never reads as "no hosts": a non-zero exit, a timeout, a missing script and
+    garbage each raise DiscoveryError naming the script and what went wrong."""
+    assert run_discovery(script(tmp_path, "echo a:2; echo b"), default_slots=3) == {"a": 2, "b": 3}
+    with pytest.raises(DiscoveryError, match=r"exited with code 3: boom"):
+        run_discovery(script(tmp_path, "echo a:2; echo boom >&2; exit 3"), default_slots=1)
+    with pytest.raises(DiscoveryError, match=r"discover\.sh.*failed: .*timed out"):
+        run_discovery(script(tmp_path, "sleep 5"), default_slots=1, timeout_s=0.3)
+    with pytest.raises(DiscoveryError, match=r"is not 'hostname' or 'hostname:slots'"):
+        run_discovery(script(tmp_path, "echo 'a b c'"), default_slots=1)
+    with pytest.raises(DiscoveryError, match="failed"):
+        run_discovery(os.path.join(str(tmp_path), "missing.sh"), default_slots=1)

@@ -29,6 +29,14 @@ def test_torch_style_processes_started_by_mpiexec_n_1_join():
     assert plan_world(dict(TORCH, **HYDRA_ONE), 1) == ("join", Rendezvous(1, 2, "10.0.0.5", 29500))
 
 
+@pytest.mark.parametrize("missing", ["MASTER_ADDR", "MASTER_PORT"])
+def test_without_a_rendezvous_address_nothing_is_joined(missing):
+    """A join needs somewhere to meet: without MASTER_ADDR or MASTER_PORT the launch is refused, not attempted."""
+    environ = {k: v for k, v in dict(TORCH, **HYDRA_ONE).items() if k != missing}
+    with pytest.raises(LaunchError, match="WORLD_SIZE=2"):
+        plan_world(environ, 1)
+
+
 @pytest.mark.parametrize("environ,names", [
     (TORCH, ["torchrun", "WORLD_SIZE=2", "rank 1", "ringtrain-run -np 2", "bare processes cannot be joined"]),
     ({"WORLD_SIZE": "4", "RANK": "3"}, ["torchrun", "WORLD_SIZE=4", "ringtrain-run -np 4"]),

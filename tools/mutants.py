@@ -765,6 +765,52 @@ MUTANTS = [
            (Tests((IMPORT_GRAPH,), select="circle_in_the_package"),),
            "joining a world imports the elastic package from inside a function: its __init__ runs the runner, which "
            "needs the core state, which joins the world"),
+    # ---- modules whose logic had no planted bug: launch, elastic pieces, reducer helpers, bottom modules ----
+    Mutant("elastic_sampler_deals_a_sample_to_nobody", "ringtrain/elastic/sampler.py",
+           "self.indices = remaining[self.rank::self.num_replicas]",
+           "self.indices = remaining[self.rank::self.num_replicas + 1]",
+           (Tests((ELASTIC_PIECES,), select="sampler"),),
+           "after a resize the remaining samples are dealt with a stride one too large: some are never trained"),
+    Mutant("elastic_sampler_forgets_the_record_on_load", "ringtrain/elastic/sampler.py",
+           'self.processed_indices = set(state_dict["processed_indices"])',
+           "self.processed_indices = set()",
+           (Tests((ELASTIC_PIECES,), select="sampler"),),
+           "a synced sampler re-deals samples that committed steps already trained"),
+    Mutant("discovery_failure_reads_as_hosts", "ringtrain/launch/hosts.py",
+           "    if done.returncode != 0:",
+           "    if done.returncode < 0:",
+           (Tests((ELASTIC_PIECES,), select="discovery"),),
+           "a discovery script that exits non-zero is trusted for whatever it printed"),
+    Mutant("shard_plan_piece_stops_one_short", "ringtrain/reducer/sharding.py",
+           "a, z = max(lo, start), min(hi, end)",
+           "a, z = max(lo, start), min(hi, end - 1)",
+           (Tests(("tests/test_sharding.py",)),),
+           "each parameter's last element owned by no rank"),
+    Mutant("shard_overlaps_accepts_a_gap", "ringtrain/reducer/sharding.py",
+           "    if covered != length:",
+           "    if covered > length:",
+           (Tests(("tests/test_sharding.py",)),),
+           "resharding reads a range the saved pieces do not cover"),
+    Mutant("cast_compression_casts_integers", "ringtrain/reducer/compression.py",
+           "if cls.is_floating(original) and original != cls.wire_dtype:",
+           "if original != cls.wire_dtype:",
+           (Tests(("tests/test_shared_binding_pieces.py",), select="cast_compressor"),),
+           "fp16 compression casts integer gradients too (a wrong dtype rule)"),
+    Mutant("stats_blames_the_fastest_rank", "ringtrain/stats.py",
+           "slowest_mean, slowest_rank = max(means)",
+           "slowest_mean, slowest_rank = min(means)",
+           (Tests(("tests/test_timeline.py",), select="summary"),),
+           "the shutdown summary names the wrong rank as the slowest"),
+    Mutant("threads_per_rank_ignores_hosts", "ringtrain/launch/run.py",
+           "ranks_here = math.ceil(num_ranks / num_hosts)",
+           "ranks_here = num_ranks",
+           (Tests(("tests/test_launcher.py",), select="threads_per_rank"),),
+           "on several hosts each rank gets a share of one host's cores divided by every rank"),
+    Mutant("plan_world_joins_without_a_rendezvous", "ringtrain/world/environment.py",
+           'torch_style = all(environ.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))',
+           'torch_style = all(environ.get(k) for k in ("RANK", "WORLD_SIZE"))',
+           (Tests(("tests/test_launch_environment.py",)),),
+           "processes with RANK and WORLD_SIZE but no MASTER_ADDR/PORT are told they will be joined"),
 ]
 
 
@@ -885,7 +931,7 @@ def sample(mutants, count, seed, budget_s):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("-k", dest="select", default="", help="only mutants whose name contains this")
+    parser.add_argument("-k", dest="select", default="", help="only mutants whose name contains this (a|b: either)")
     parser.add_argument("--list", action="store_true", help="list the mutants and their tests, run nothing")
     parser.add_argument("--no-baseline", action="store_true", help="skip running the tests without a mutant first")
     parser.add_argument("--sample", type=int, default=0, help="run only this many, chosen by --seed")
@@ -893,7 +939,7 @@ def main(argv=None):
     parser.add_argument("--budget", type=float, default=120.0, help="the sample's estimated seconds, at most")
     parser.add_argument("-v", "--verbose", action="store_true", help="print the failing output of caught mutants")
     args = parser.parse_args(argv)
-    mutants = [m for m in MUTANTS if args.select in m.name]
+    mutants = [m for m in MUTANTS if any(part in m.name for part in args.select.split("|"))]
     if args.sample:
         mutants = sample(mutants, args.sample, args.seed, args.budget)
     if args.list:
