@@ -846,6 +846,11 @@ MUTANTS = [
            'return ("flat", "shm" if size > 1 else "mpi")',
            (Tests(("tests/test_topology.py",), select="host_plan"),),
            "without the hierarchy the automatic choice maps one shared window across machines"),
+    Mutant("jax_unsigned_average_divides_by_one_rank_too_few", "ringtrain/jax/arrays.py",
+           "                result //= self.dtype.type(size)",
+           "                result //= self.dtype.type(max(size - 1, 1))",
+           (Tests(("tests/parallel_jax/test_jax_collectives.py",), ranks=3, select="allreduce_every"),),
+           "an unsigned Average (reduced as a signed Sum) divided by the wrong rank count"),
 ]
 
 
