@@ -205,3 +205,9 @@ def test_the_design_diagram_names_the_folders_as_they_are():
     assert folders - named == set(), f"package folders missing from the diagram: {sorted(folders - named)}"
     modules_named = set(re.findall(r"ringtrain/([a-z_]+\.py)", diagram))
     assert {m for m in modules_named if not (PACKAGE / m).exists()} == set()
+
+
+def test_library_modules_import_what_they_use_by_name():
+    """`import ringtrain as _core` inside the package hides which layer a module really uses."""
+    graph = import_graph()
+    assert sorted(v for v, targets in graph.items() if "ringtrain" in targets) == []

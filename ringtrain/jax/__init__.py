@@ -16,8 +16,9 @@ Run with `mpirun -np 4 python train.py` (or ringtrain-run). Every collective is 
 effect (host_call.py), so collectives run in program order on every rank, inside jit, grad and control flow, and
 are differentiable with Horovod's gradient rules (one module per collective says its rule).
 """
-from ringtrain import (allgather_object, barrier, broadcast_object, cross_rank, cross_size, init,  # noqa: F401
-                       is_initialized, join, local_rank, local_size, rank, shutdown, size)
+from ringtrain.core.collectives import allgather_object, barrier, broadcast_object, join  # noqa: F401
+from ringtrain.core.state import (cross_rank, cross_size, init, is_initialized, local_rank,  # noqa: F401
+                                  local_size, rank, shutdown, size)
 from ringtrain.errors import (RankFailureError, RingtrainError, StallError, TensorMismatchError,  # noqa: F401
                               UnsupportedDtypeError)
 from ringtrain.ops import Average, Max, Min, Product, ReduceOp, Sum  # noqa: F401

@@ -26,8 +26,8 @@ def main(payload_path, result_path):
         sys.stderr.flush()
         os._exit(1)
     _write(result_path, ("ok", value))
-    import ringtrain
-    ringtrain.shutdown()               # collective: every rank returned from fn
+    from ringtrain.core.state import shutdown
+    shutdown()                         # collective: every rank returned from fn
 
 
 def _write(path, record):

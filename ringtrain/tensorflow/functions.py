@@ -39,8 +39,9 @@ from ringtrain.core.build_info import (ccl_built, cuda_built, ddl_built, gloo_bu
                                   mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rocm_built)
 # lifecycle, topology, control and object collectives need no tensors: the core's own functions, re-exported under
 # Horovod's names (broadcast_object / allgather_object use pickle: trusted peers only)
-from ringtrain import (allgather_object, barrier, broadcast_object, cross_rank, cross_size, init,  # noqa: F401
-                       is_initialized, join, local_rank, local_size, rank, shutdown, size)
+from ringtrain.core.collectives import allgather_object, barrier, broadcast_object, join  # noqa: F401
+from ringtrain.core.state import (cross_rank, cross_size, init, is_initialized, local_rank,  # noqa: F401
+                                  local_size, rank, shutdown, size)
 from ringtrain.ops import Average, Max, Min, Product, ReduceOp, Sum, as_op  # noqa: F401  (re-exported)
 from ringtrain.ops import resolve_op
 from ringtrain.core.process_sets import (ProcessSet, add_process_set, global_process_set,  # noqa: F401  (re-exported)

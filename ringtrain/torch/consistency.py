@@ -95,8 +95,8 @@ def check_parameters(named_parameters, step: "int | None" = None, process_set=gl
 def check_every():
     """RINGTRAIN_CHECK_EVERY as configured at init (0 = off)."""
     if functions.is_initialized():
-        import ringtrain
-        return int(ringtrain.config().check_every or 0)
+        from ringtrain.core.state import config
+        return int(config().check_every or 0)
     return int(float(os.environ.get("RINGTRAIN_CHECK_EVERY", "0") or 0))
 
 
