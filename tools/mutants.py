@@ -851,6 +851,11 @@ MUTANTS = [
            "                result //= self.dtype.type(max(size - 1, 1))",
            (Tests(("tests/parallel_jax/test_jax_collectives.py",), ranks=3, select="allreduce_every"),),
            "an unsigned Average (reduced as a signed Sum) divided by the wrong rank count"),
+    Mutant("load_shards_plans_the_old_layout_from_the_new_buckets", "ringtrain/torch/sharded.py",
+           'old = ShardPlan(numels, buckets, layout["size"])',
+           'old = ShardPlan(numels, self.plan.describe()[1], layout["size"])',
+           (Tests((SHARDED,), ranks=2, select="other_buckets"),),
+           "a checkpoint saved with other buckets (bucket_cap_mb changed) is read with the current ones: wrong state"),
 ]
 
 

@@ -362,6 +362,44 @@ def test_save_then_load_at_every_smaller_rank_count_continues_training(rt, form)
                 rt.remove_process_set(subset)
 
 
+@pytest.mark.parametrize("form", ["consolidated", "per_shard"])
+def test_save_at_every_rank_count_then_load_at_all_ranks_with_other_buckets(rt, form):
+    """Save at m ranks (the first m, as a process set; m = 1..N) after 3 steps; load at all N ranks into an
+    optimizer whose buckets differ from the saved ones (bucket_cap_mb changed between save and load) and train 3
+    more steps: equal to one process that never stopped. Resharding upward and across bucket layouts."""
+    n = rt.size()
+    make, rtol = OPTIMIZERS["adamw"]
+    data = batches(12, steps=6)                   # 12 rows divide by 1, 2, 3 and 4 ranks
+    reference, _ = train_reference(make, data)
+    other_caps = dict(first_bucket_mb=0.0003, bucket_cap_mb=0.0009)
+    directory = shared_directory(rt)
+    for m in range(1, n + 1):
+        path = os.path.join(directory, f"opt_at_{m}.pt")
+        subset = rt.add_process_set(list(range(m))) if m < n else rt.global_process_set
+        saved = weights = None
+        try:
+            if subset.included():
+                model, opt = train_sharded(rt, make, data[:3], "gradients", rank=subset.rank(), size=m,
+                                           process_set=subset, **CAPS)
+                if form == "consolidated":
+                    opt.consolidate_state_dict(to=0)
+                    saved = opt.state_dict() if subset.rank() == 0 else None
+                else:
+                    opt.save_shards(path)
+                weights = {k: v.clone() for k, v in model.state_dict().items()}
+        finally:
+            if m < n:
+                rt.remove_process_set(subset)
+        saved = rt.broadcast_object(saved, root_rank=0, name=f"check.sharded.upward.saved.{m}")
+        weights = rt.broadcast_object(weights, root_rank=0, name=f"check.sharded.upward.weights.{m}")
+        resumed = make_model(seed=60)
+        resumed.load_state_dict(weights)
+        ropt = shard(make(list(resumed.parameters())), resumed, "gradients", **other_caps)
+        ropt.load_state_dict(saved) if form == "consolidated" else ropt.load_shards(path)
+        train_sharded(rt, make, data[3:], "gradients", model=resumed, opt=ropt)
+        assert_close_models(resumed, reference, rtol, f"saved at {m}, loaded at {n} with other buckets ({form})")
+
+
 def test_save_checkpoint_and_load_checkpoint_reshard_through_rank_zero(rt):
     make, rtol = OPTIMIZERS["adam"]
     data = batches(rt.size() * SHARD, steps=4)
