@@ -94,7 +94,7 @@ import ringtrain.torch as hvd  # noqa: E402
 from ringtrain.engine import agreement, executor, watchdog
 from ringtrain.reducer import reducer
 from ringtrain.core import state  # noqa: E402
-from ringtrain.torch import optimizer as torch_optimizer  # noqa: E402
+from ringtrain.torch import gradient_hooks as torch_optimizer  # noqa: E402
 from ringtrain.transports.mpi_util import pieces  # noqa: E402
 from ringtrain.transports.shm import SharedMemoryTransport  # noqa: E402
 

@@ -9,7 +9,7 @@ import ringtrain.torch as hvd
 from ringtrain.errors import RingtrainError
 from ringtrain.torch import functions
 from ringtrain.reducer.reducer import plan_buckets
-from ringtrain.torch.optimizer import _describe_model_mismatch, parameter_members
+from ringtrain.torch.gradient_hooks import _describe_model_mismatch, parameter_members
 
 
 def _layout_buckets(params, *args, **kwargs):

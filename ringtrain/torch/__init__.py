@@ -28,7 +28,7 @@ from .functions import (  # noqa: F401
     mpi_enabled, mpi_threads_supported, nccl_built, poll, rank, reducescatter_async, remove_process_set, rocm_built,
     shutdown, size, sparse_allreduce_async, start_timeline, stop_timeline, synchronize,
 )
-from .sharded import DistributedOptimizer  # noqa: F401  (the optimizer module's, plus shard=)
+from .optimizer import DistributedOptimizer  # noqa: F401
 from .shared import empty_shared  # noqa: F401
 from .sync_batch_norm import SyncBatchNorm  # noqa: F401
 # last: the submodule ringtrain.torch.broadcast must not shadow the function hvd.broadcast

@@ -64,9 +64,8 @@ from . import functions, shared
 from .checkpoint import _write_atomically as write_atomically
 from .compression import Compression
 from .functions import Average, Sum, as_op, contiguous, from_array, to_array
-from . import optimizer as optimizer_module
-from .optimizer import (_ALONE_BYTES, GradientHooks, _name_parameters, clear_gradients, default_overlap,
-                        parameter_members)
+from .gradient_hooks import (_ALONE_BYTES, GradientHooks, _name_parameters, clear_gradients, default_overlap,
+                             parameter_members)
 
 STAGES = {"optimizer": 1, "gradients": 2}
 _MB = 1 << 20
@@ -804,32 +803,3 @@ def sharded_optimizer(optimizer, shard, named_parameters=None, compression=Compr
                                      overlap, gather_parameters)
     return wrapped
 
-
-def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none, backward_passes_per_step=1,
-                         op=Average, gradient_predivide_factor=1.0, num_groups=0, groups=None, sparse_as_dense=False,
-                         process_set=global_process_set, bucket_cap_mb=25, first_bucket_mb=1.0, overlap=None,
-                         shard: "int | None" = None, gather_parameters: str = "step") -> torch.optim.Optimizer:
-    if shard is None:
-        if gather_parameters != "step":
-            raise ValueError("gather_parameters applies to a sharded optimizer only (shard='optimizer' or "
-                             "'gradients'): without sharding every rank updates every parameter itself")
-        return optimizer_module.DistributedOptimizer(
-            optimizer, named_parameters, compression, backward_passes_per_step, op, gradient_predivide_factor,
-            num_groups, groups, sparse_as_dense, process_set, bucket_cap_mb, first_bucket_mb, overlap)
-    if groups is not None or num_groups or sparse_as_dense:
-        raise ValueError("groups, num_groups and sparse_as_dense are not supported with shard=: a sharded optimizer "
-                         "lays out its own buckets, and sparse gradients travel dense")
-    return sharded_optimizer(optimizer, shard, named_parameters, compression, backward_passes_per_step, op,
-                             gradient_predivide_factor, process_set, bucket_cap_mb, first_bucket_mb, overlap,
-                             gather_parameters)
-
-
-# hvd.DistributedOptimizer is this function: the unsharded optimizer's parameters and documentation, plus shard=
-DistributedOptimizer.__doc__ = optimizer_module.DistributedOptimizer.__doc__.rstrip() + """
-
-    shard: None (every rank keeps the whole optimizer state), "optimizer" (ZeRO stage 1: each rank keeps and steps
-    the state of 1/N of the parameters, then the ranks allgather them) or "gradients" (ZeRO stage 2: gradients are
-    reduce-scattered too, so each rank also keeps only its shard of them). gather_parameters: "step" (step() returns
-    with every parameter updated) or "forward" (the allgathers finish during the next forward). See
-    ringtrain.torch.sharded.
-    """
