@@ -856,6 +856,23 @@ MUTANTS = [
            'old = ShardPlan(numels, self.plan.describe()[1], layout["size"])',
            (Tests((SHARDED,), ranks=2, select="other_buckets"),),
            "a checkpoint saved with other buckets (bucket_cap_mb changed) is read with the current ones: wrong state"),
+    Mutant("checkpoint_load_keeps_each_ranks_own_optimizer_state", "ringtrain/torch/checkpoint.py",
+           "        if optimizer is not None and not _is_sharded(optimizer):\n"
+           "            broadcast_optimizer_state(optimizer, root_rank=0)",
+           "        if optimizer is not None and not _is_sharded(optimizer) and False:\n"
+           "            broadcast_optimizer_state(optimizer, root_rank=0)",
+           (Tests(("tests/parallel/test_checkpoint.py",), ranks=2),),
+           "load_checkpoint restores the optimizer on rank 0 only; the others keep their own momentum"),
+    Mutant("checkpoint_reads_any_dict", "ringtrain/torch/checkpoint.py",
+           'if not isinstance(payload, dict) or payload.get("format") != FORMAT:',
+           "if not isinstance(payload, dict):",
+           (Tests(("tests/test_checkpoint.py",), select="not_a_checkpoint"),),
+           "a file that is not a ringtrain checkpoint fails deep inside with a KeyError, not a clear error"),
+    Mutant("allgather_gradient_takes_rank_zeros_rows", "ringtrain/torch/autograd.py",
+           "return grad.narrow(0, int(counts[:me].sum()), rows)",
+           "return grad.narrow(0, 0, rows)",
+           (Tests(("tests/parallel/test_torch_autograd.py",), ranks=3),),
+           "the gradient of an allgather hands every rank the first rank's rows"),
 ]
 
 
