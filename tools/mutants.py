@@ -873,6 +873,16 @@ MUTANTS = [
            "return grad.narrow(0, 0, rows)",
            (Tests(("tests/parallel/test_torch_autograd.py",), ranks=3),),
            "the gradient of an allgather hands every rank the first rank's rows"),
+    Mutant("add_process_set_takes_any_ranks", "ringtrain/core/set_registry.py",
+           "    if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < size for r in ranks):",
+           "    if not ranks or len(set(ranks)) != len(ranks):",
+           (Tests(("tests/parallel/test_process_sets.py",), ranks=2, select="collective_and_checked"),),
+           "a process set naming a rank that does not exist is accepted"),
+    Mutant("jax_reducescatter_blocks_give_the_remainder_to_the_last", "ringtrain/jax/reducescatter.py",
+           "        return tuple(rows // n + (k < rows % n) for k in range(n))",
+           "        return tuple(rows // n + (k >= n - rows % n) for k in range(n))",
+           (Tests(("tests/parallel_jax/test_jax_collectives.py",), ranks=3, select="reducescatter"),),
+           "jax's reducescatter block shapes disagree with the core's split (the first ranks take the remainder)"),
 ]
 
 

@@ -38,3 +38,16 @@ def test_jit_allgather_with_different_rows_fails_on_every_rank():
     with pytest.raises(Exception, match=r"every rank's dim 0 must match.*rank 0 has \[3\]"):
         jax.block_until_ready(jax.jit(hvd.allgather)(x))
     np.testing.assert_array_equal(np.asarray(hvd.allreduce(jnp.ones(2), op=hvd.Sum)), [hvd.size()] * 2)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_bad_roots_are_refused_at_the_call_on_every_rank_then_the_job_goes_on():
+    """root_rank outside 0..size-1, or not an int, is the caller's mistake: every rank raises at the call (nothing
+    reaches the engine), and the next collective works."""
+    for root in (-1, hvd.size()):
+        with pytest.raises(ValueError, match=rf"root_rank {root} is out of range for {hvd.size()} ranks"):
+            hvd.broadcast(jnp.ones(2), root_rank=root)
+    with pytest.raises(TypeError, match="root_rank must be an int"):
+        hvd.broadcast(jnp.ones(2), root_rank=True)
+    got = hvd.broadcast(jnp.full(2, float(hvd.rank())), root_rank=hvd.size() - 1)
+    np.testing.assert_array_equal(np.asarray(got), np.full(2, hvd.size() - 1, np.float32))
