@@ -10,13 +10,10 @@ afresh and everything else loads the cached library. Ranks starting together tak
 `pip install ringtrain[jax]` free of a build step that needs jaxlib's headers in pip's isolated build environment.
 """
 import ctypes
-import fcntl
 import hashlib
 import os
 import shlex
-import subprocess
 import sys
-import tempfile
 
 import jax
 import jaxlib
@@ -35,38 +32,15 @@ def compiler_command():
                                                         jax.ffi.include_dir()]
 
 
-def cache_dir():
-    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-                        "ringtrain")
-
-
 def library_path(source_text):
     digest = hashlib.sha256("\0".join([source_text, jaxlib.__version__, sys.platform] + compiler_command())
                             .encode()).hexdigest()[:16]
-    return os.path.join(cache_dir(), f"xla_host_call-{digest}.so")
+    return os.path.join(csrc.cache_dir(), f"xla_host_call-{digest}.so")
 
 
 def build(source, target):
-    """Compile `source` into `target` (atomically: a peer never loads a half-written file). Raises OSError or
-    subprocess errors."""
-    folder = os.path.dirname(target)
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, "build.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if os.path.exists(target):            # a peer built it while we waited
-            return
-        fd, partial = tempfile.mkstemp(suffix=".so", dir=folder)
-        os.close(fd)
-        try:
-            done = subprocess.run(compiler_command() + [source, "-o", partial], capture_output=True, text=True,
-                                  timeout=BUILD_TIMEOUT_S)
-            if done.returncode != 0:
-                raise RuntimeError(f"{' '.join(compiler_command())} exited {done.returncode}: "
-                                   f"{done.stderr.strip()[-2000:]}")
-            os.replace(partial, target)
-        finally:
-            if os.path.exists(partial):
-                os.remove(partial)
+    """Compile `source` into `target` (see ringtrain.csrc.build_library)."""
+    csrc.build_library(compiler_command(), source, target, BUILD_TIMEOUT_S)
 
 
 def load():

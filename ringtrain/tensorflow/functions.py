@@ -47,7 +47,7 @@ from ringtrain.ops import resolve_op
 from ringtrain.core.process_sets import (ProcessSet, add_process_set, global_process_set,  # noqa: F401  (re-exported)
                                     process_sets, remove_process_set, route)
 
-from . import arrays, xla
+from . import arrays, host_op, xla
 from .compression import Compression
 
 # ---------------------------------------------------------------- names and host calls
@@ -86,8 +86,10 @@ def host_call(fn, inputs, out_specs, name):
     if tf.executing_eagerly():
         return [arrays.to_tensor(r) for r in fn(*[arrays.to_array(t) for t in inputs])]
     xla.check_not_compiling(f"ringtrain collective {name!r}")
-    outputs = tf.numpy_function(fn, list(inputs), [dtype for dtype, _ in out_specs], stateful=True,
-                                name=_node_name(name))
+    dtypes = [tf.as_dtype(dtype) for dtype, _ in out_specs]
+    outputs = host_op.call(fn, inputs, dtypes, _node_name(name))
+    if outputs is None:       # the op could not be built (host_op warned): in order only
+        outputs = tf.numpy_function(fn, list(inputs), dtypes, stateful=True, name=_node_name(name))
     for out, (_, shape) in zip(outputs, out_specs):
         out.set_shape(shape)
     return outputs
