@@ -36,7 +36,21 @@ class Config:
 
     @classmethod
     def from_env(cls, **overrides):
+        """Defaults, then Horovod's HOROVOD_* settings that have a ringtrain counterpart (HOROVOD_SETTINGS), then
+        RINGTRAIN_* settings (they win over HOROVOD_* ones), then `overrides` (init()'s keyword arguments)."""
         cfg = cls()
+        fields = {field.name: field for field in dataclasses.fields(cls)}
+        for horovod_name, (name, convert) in HOROVOD_SETTINGS.items():
+            raw = os.environ.get(horovod_name)
+            if raw is None or raw.strip() == "":
+                continue
+            try:
+                value = convert(raw.strip())
+            except ValueError:
+                raise ValueError(f"{horovod_name}={raw!r} is not a valid value for ringtrain's {name} "
+                                 f"(RINGTRAIN_{name.upper()})") from None
+            if value is not None:
+                setattr(cfg, name, _parse(fields[name], str(value)))
         for field in dataclasses.fields(cls):
             raw = os.environ.get("RINGTRAIN_" + field.name.upper())
             if raw is not None and raw != "":
@@ -60,3 +74,108 @@ def _parse(field, raw):
     except ValueError:
         raise ValueError(f"RINGTRAIN_{field.name.upper()}={raw!r} is not a valid {kind}") from None
     return raw
+
+
+# ---------------------------------------------------------------- Horovod's settings
+
+def _on(raw):
+    return raw.lower() not in ("0", "false", "no", "off", "")
+
+
+def _positive_or_none(raw):
+    """HOROVOD_STALL_SHUTDOWN_TIME_SECONDS: 0 is Horovod's 'never shut down', which has no ringtrain counterpart."""
+    value = float(raw)
+    return value if value > 0 else None
+
+
+_HOROVOD_LOG_LEVELS = {"trace": "DEBUG", "debug": "DEBUG", "info": "INFO", "warning": "WARNING", "error": "ERROR",
+                       "fatal": "CRITICAL"}
+
+
+def _log_level(raw):
+    if raw.lower() not in _HOROVOD_LOG_LEVELS:
+        raise ValueError(raw)
+    return _HOROVOD_LOG_LEVELS[raw.lower()]
+
+
+def _timeline(raw):
+    """HOROVOD_TIMELINE=DYNAMIC means 'no file until start_timeline()', which is ringtrain's default anyway."""
+    return None if raw.upper() == "DYNAMIC" else raw
+
+
+# HOROVOD_* name -> (Config field, converter of the raw string; None = leave the field alone). A RINGTRAIN_* value of
+# the same field wins; docs/porting/horovod.md has the table.
+HOROVOD_SETTINGS = {
+    "HOROVOD_FUSION_THRESHOLD": ("fusion_threshold", lambda raw: int(float(raw))),
+    "HOROVOD_CYCLE_TIME": ("cycle_time_ms", float),
+    "HOROVOD_CACHE_CAPACITY": ("cache_capacity", lambda raw: int(float(raw))),
+    "HOROVOD_TIMELINE": ("timeline", _timeline),
+    "HOROVOD_STALL_CHECK_TIME_SECONDS": ("stall_warning_s", float),
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": ("stall_timeout_s", _positive_or_none),
+    "HOROVOD_HIERARCHICAL_ALLREDUCE": ("hierarchical", lambda raw: "1" if _on(raw) else "0"),
+    "HOROVOD_LOG_LEVEL": ("log_level", _log_level),
+}
+
+# HOROVOD_* name -> (when it changes something in Horovod: a test of the raw value, what ringtrain does instead)
+HOROVOD_NOT_MAPPED = {
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": (
+        lambda raw: _positive_or_none(raw) is None,
+        "ringtrain always ends a stall with an error on every rank after RINGTRAIN_STALL_TIMEOUT_S seconds "
+        "(default 120); 0 ('never') has no counterpart"),
+    "HOROVOD_STALL_CHECK_DISABLE": (
+        _on, "ringtrain's stall check cannot be turned off: it warns after RINGTRAIN_STALL_WARNING_S and raises "
+             "after RINGTRAIN_STALL_TIMEOUT_S; set those higher instead"),
+    "HOROVOD_HIERARCHICAL_ALLGATHER": (
+        _on, "ringtrain has one hierarchy setting for every collective, RINGTRAIN_HIERARCHICAL (auto: on when the "
+             "ranks span several nodes); HOROVOD_HIERARCHICAL_ALLREDUCE maps to it"),
+    "HOROVOD_AUTOTUNE": (
+        _on, "ringtrain does not autotune; set RINGTRAIN_FUSION_THRESHOLD and RINGTRAIN_CYCLE_TIME_MS yourself "
+             "(ringtrain's engine does not wait out a cycle when work is queued, so the cycle time matters less)"),
+    "HOROVOD_AUTOTUNE_LOG": (lambda raw: True, "ringtrain does not autotune, so there is no autotune log"),
+    "HOROVOD_TIMELINE_MARK_CYCLES": (
+        _on, "ringtrain's timeline (RINGTRAIN_TIMELINE) has no cycle markers"),
+    "HOROVOD_MPI_THREADS_DISABLE": (
+        _on, "ringtrain's engine thread needs MPI_THREAD_MULTIPLE (at least SERIALIZED) and always asks for it"),
+    "HOROVOD_CPU_OPERATIONS": (
+        lambda raw: raw.lower() != "mpi",
+        "ringtrain moves host data over its own transports on MPI (shared memory within a node); there is no Gloo "
+        "or oneCCL path (RINGTRAIN_TRANSPORT picks the transport)"),
+    "HOROVOD_CONTROLLER": (
+        lambda raw: raw.lower() != "mpi", "ringtrain's control plane is always MPI"),
+    "HOROVOD_NUM_NCCL_STREAMS": (
+        lambda raw: True, "ringtrain's NCCL transport uses one stream per device"),
+    "HOROVOD_BATCH_D2D_MEMCOPIES": (
+        lambda raw: True, "ringtrain always packs a GPU fusion bucket with one batched-copy kernel"),
+    "HOROVOD_THREAD_AFFINITY": (
+        lambda raw: True, "ringtrain does not pin its engine thread; pin the process with your launcher instead"),
+    "HOROVOD_DISABLE_GROUP_FUSION": (
+        _on, "ringtrain fuses a group's tensors with other ready tensors of the same dtype; there is no switch"),
+    "HOROVOD_ENABLE_ASYNC_COMPLETION": (
+        lambda raw: True, "ringtrain's GPU results are always completed asynchronously (waits synchronise on an event)"),
+    "HOROVOD_ADASUM_MPI_CHUNK_SIZE": (
+        lambda raw: True, "ringtrain does not use this setting"),
+    "HOROVOD_DYNAMIC_PROCESS_SETS": (
+        lambda raw: False, ""),          # sets can always be added and removed after init(): nothing to say
+    "HOROVOD_ENABLE_XLA_OPS": (
+        _on, "ringtrain's TensorFlow collectives are host ops that XLA does not compile (see the TensorFlow guide)"),
+    "HOROVOD_GLOO_IFACE": (lambda raw: True, "ringtrain has no Gloo path; MPI picks the network interface"),
+    "HOROVOD_CCL_CACHE": (lambda raw: True, "ringtrain has no oneCCL path"),
+}
+
+
+def horovod_warnings(environ=None):
+    """One message per HOROVOD_* setting in the environment that ringtrain does not follow, saying what it does
+    instead (init() warns with each)."""
+    environ = os.environ if environ is None else environ
+    messages = []
+    for name, (applies, instead) in HOROVOD_NOT_MAPPED.items():
+        raw = environ.get(name)
+        if raw is None or raw.strip() == "":
+            continue
+        try:
+            relevant = applies(raw.strip())
+        except ValueError:
+            relevant = True
+        if relevant:
+            messages.append(f"{name}={raw} is ignored: {instead}")
+    return messages

@@ -2,10 +2,11 @@
 import atexit
 import logging
 import threading
+import warnings
 
 from .. import gpu
 from . import names, set_registry
-from ..config import Config
+from ..config import Config, horovod_warnings
 from ..errors import NotInitializedError, RingtrainError
 
 _lock = threading.Lock()
@@ -23,6 +24,8 @@ def init(comm=None, process_sets: "list | None" = None, **config_overrides) -> N
             return
         config = Config.from_env(**config_overrides)
         _setup_logging(config.log_level)
+        for message in horovod_warnings():
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
         from mpi4py import MPI
         if not MPI.Is_initialized():
             MPI.Init_thread(MPI.THREAD_MULTIPLE)
