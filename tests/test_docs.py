@@ -15,6 +15,8 @@ import sys
 
 import pytest
 
+from extras import need
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "benchmarks", "results")
 DOC_PAGES = sorted(set(glob.glob(os.path.join(REPO, "docs", "**", "*.md"), recursive=True))
@@ -29,9 +31,8 @@ def read(path):
 
 
 def test_mkdocs_build_strict(tmp_path):
-    if not os.environ.get("CI"):
-        pytest.importorskip("mkdocs", reason="the docs extra is not installed")
-        pytest.importorskip("mkdocstrings", reason="the docs extra is not installed")
+    need("mkdocs", "docs")
+    need("mkdocstrings", "docs")
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
@@ -39,8 +40,9 @@ def test_mkdocs_build_strict(tmp_path):
     # the API reference has an entry for every public name of the core and of the torch binding
     import inspect
     import ringtrain
+    import ringtrain.jax
     import ringtrain.torch
-    for module, page in ((ringtrain, "core"), (ringtrain.torch, "torch")):
+    for module, page in ((ringtrain, "core"), (ringtrain.torch, "torch"), (ringtrain.jax, "jax")):
         html = read(tmp_path / "site" / "reference" / page / "index.html")
         ids = set(re.findall(r'id="ringtrain[\w.]*\.(\w+)"', html))
         names = getattr(module, "__all__", None) or [n for n in dir(module) if not n.startswith("_")]

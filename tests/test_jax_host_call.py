@@ -7,11 +7,14 @@ import shutil
 import threading
 import warnings
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.core import ShapedArray
+
+from extras import need
+
+jax = need("jax")
+jnp = need("jax.numpy", "jax")
+from jax.core import ShapedArray  # noqa: E402
 
 from ringtrain.jax import ffi_build, ffi_target
 from ringtrain.jax.host_call import collective_primitive

@@ -5,8 +5,8 @@ neither first nor last); the optimizer's equivalence with one process again at 4
 handler (RINGTRAIN_JAX_LOWERING=ffi wherever a C++ compiler is present: a failed build fails them). Errors and
 the optimizer again at 2 through JAX's Python host callback, the fallback where the handler cannot be built
 (tests/test_jax_host_call.py runs that lowering over every dtype in one process). The example at 2 (>= 0.9 test
-accuracy). Each job sets XLA to one thread per rank (ranks share the cores). JAX is part of the README's
-install command: without it these tests fail rather than skip, so CI can never silently drop them.
+accuracy). Each job sets XLA to one thread per rank (ranks share the cores). Without the jax extra these tests
+skip with a reason; CI (RINGTRAIN_REQUIRE_EXTRAS=1, every extra installed) fails instead, so it never drops them.
 
 By hand:  mpiexec -n 2 python -m pytest --with-mpi tests/parallel_jax
 """
@@ -16,8 +16,12 @@ import shutil
 import subprocess
 import sys
 
-import jax  # noqa: F401  (fails the run loudly where the jax extra is missing)
 import pytest
+
+from extras import need
+
+need("jax")
+need("optax")
 
 from ringtrain.launch import run
 from test_parallel import run_job

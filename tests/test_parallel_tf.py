@@ -1,8 +1,8 @@
 """Runs tests/parallel_tf/ (ringtrain.tensorflow and ringtrain.keras on N ranks) as real mpiexec jobs.
 
 A separate job from tests/parallel/: importing TensorFlow costs seconds per process and a Keras fit is slow on
-shared cores, so everything runs at 2 ranks and the collectives (where uneven splits need a third rank) at 3. Without TensorFlow installed the job is skipped on a developer machine, but FAILS in CI (CI=true or
-RINGTRAIN_REQUIRE_TF=1): the TF tests must never silently disappear there.
+shared cores, so everything runs at 2 ranks and the collectives (where uneven splits need a third rank) at 3. Without TensorFlow installed the jobs skip with a reason, but FAIL in CI
+(RINGTRAIN_REQUIRE_EXTRAS=1, set by .ci/run): the TF tests must never silently disappear there.
 
 By hand:  mpiexec -n 2 python -m pytest --with-mpi tests/parallel_tf
 """
@@ -11,6 +11,7 @@ import os
 
 import pytest
 
+from extras import need
 from test_parallel import run_job
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -18,19 +19,11 @@ PARALLEL_TF_DIR = os.path.join(REPO, "tests", "parallel_tf")
 JOB_TIMEOUT_S = int(os.environ.get("RINGTRAIN_TEST_JOB_TIMEOUT_S", "600"))
 
 
-def tensorflow_required():
-    flag = os.environ.get("RINGTRAIN_REQUIRE_TF", os.environ.get("CI", ""))
-    return flag.lower() not in ("", "0", "false", "no")
-
-
 def require_tensorflow():
-    missing = [name for name in ("tensorflow", "keras") if importlib.util.find_spec(name) is None]
-    if not missing:
-        return
-    message = f"{' and '.join(missing)} not installed (pip install -e '.[tensorflow]')"
-    if tensorflow_required():
-        pytest.fail(message + "; CI / RINGTRAIN_REQUIRE_TF needs the TensorFlow tests to run", pytrace=False)
-    pytest.skip(message)
+    """Skip where the tensorflow extra is missing; with RINGTRAIN_REQUIRE_EXTRAS=1 (CI) that is a failure."""
+    for name in ("tensorflow", "keras"):
+        if importlib.util.find_spec(name) is None:
+            need(name, "tensorflow")
 
 
 @pytest.mark.timeout(JOB_TIMEOUT_S + 60)
