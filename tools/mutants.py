@@ -259,6 +259,11 @@ MUTANTS = [
                   env=(("RINGTRAIN_STALL_TIMEOUT_S", "10"),)),),
            "the TF op runs its collective on TF's executor thread (synchronous again): independent collectives "
            "run in different orders on the ranks deadlock"),
+    Mutant("tf_mismatch_is_unknown_error", "ringtrain/tensorflow/host_op.py",
+           "return _FAILED_PRECONDITION, ",
+           "return _UNKNOWN, ",
+           (Tests(("tests/parallel_tf/test_tf_errors.py",), ranks=2, select="function"),),
+           "a rank disagreement in a graph surfaces as UnknownError, not Horovod's FailedPreconditionError"),
     Mutant("horovod_cycle_time_not_mapped", "ringtrain/config.py",
            '    "HOROVOD_CYCLE_TIME": ("cycle_time_ms", float),\n',
            "",

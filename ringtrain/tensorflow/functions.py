@@ -1,11 +1,11 @@
 """The core API on tf tensors, with Horovod's names: eagerly, inside tf.function, and differentiable.
 
 Eagerly, a tensor goes to the core as a zero-copy numpy view (GPU: a cupy view through DLPack) and the result comes
-back without a copy where TF allows it (see arrays.py). Inside tf.function each collective is one
-`tf.numpy_function` node with declared output dtypes and shapes; it is stateful, so tf.function's automatic control
-dependencies run the collectives in program order, which keeps every rank's sequence the same (a host callback
-blocks its thread until the collective is done, so two ranks must not run two of them in different orders).
-No C++ op is built. Under XLA (jit_compile=True) host callbacks cannot run: see ringtrain.keras.xla.
+back without a copy where TF allows it (see arrays.py). In a graph (tf.function, tf.compat.v1) each collective is
+one asynchronous op with declared output dtypes and shapes (host_op.py): it returns TF's executor thread at once and
+runs the collective on a ringtrain thread, so independent collectives may run in any order on each rank. Under XLA
+(jit_compile=True) host ops cannot run: see ringtrain.keras.xla. Rank disagreements raise
+tf.errors.FailedPreconditionError, as Horovod.
 
 Gradients (tf.custom_gradient) are ringtrain.reducer.gradient_rules' table, Horovod's rules shared with ringtrain.torch, with
 the loss understood as each rank's own loss: allreduce -> allreduce of the gradient with the same op and scales;
@@ -44,6 +44,7 @@ from ringtrain.core.state import (cross_rank, cross_size, init, is_initialized, 
                                   local_size, rank, shutdown, size)
 from ringtrain.ops import Average, Max, Min, Product, ReduceOp, Sum, as_op  # noqa: F401  (re-exported)
 from ringtrain.ops import resolve_op
+from ringtrain.errors import TensorMismatchError
 from ringtrain.core.process_sets import (ProcessSet, add_process_set, global_process_set,  # noqa: F401  (re-exported)
                                     process_sets, remove_process_set, route)
 
@@ -81,10 +82,14 @@ def _node_name(name):
 
 
 def host_call(fn, inputs, out_specs, name):
-    """Run fn(*arrays) -> list of arrays on `inputs`: eagerly on zero-copy views, in a graph as one stateful
-    tf.numpy_function node whose outputs get the declared (dtype, shape) of out_specs."""
+    """Run fn(*arrays) -> list of arrays on `inputs`: eagerly on zero-copy views, in a graph as one asynchronous op
+    (host_op; tf.numpy_function where it cannot be built) whose outputs get the declared (dtype, shape) of out_specs."""
     if tf.executing_eagerly():
-        return [arrays.to_tensor(r) for r in fn(*[arrays.to_array(t) for t in inputs])]
+        try:
+            results = fn(*[arrays.to_array(t) for t in inputs])
+        except TensorMismatchError as e:     # Horovod's type (tf.errors.FailedPreconditionError), ours too
+            raise host_op.as_tf_error(e) from None
+        return [arrays.to_tensor(r) for r in results]
     xla.check_not_compiling(f"ringtrain collective {name!r}")
     dtypes = [tf.as_dtype(dtype) for dtype, _ in out_specs]
     outputs = host_op.call(fn, inputs, dtypes, _node_name(name))

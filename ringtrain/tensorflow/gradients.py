@@ -1,7 +1,7 @@
 """Average a list of gradients over all ranks: what DistributedGradientTape and ringtrain.keras's optimizer share,
 through the framework-neutral ringtrain.reducer.reducer (bucket plan, names, scaling, submission and completion).
 
-Dense gradients travel in ONE host call per step (one tf.numpy_function node in a graph). It hands each bucket (up to
+Dense gradients travel in ONE host call per step (one asynchronous op in a graph, host_op.py). It hands each bucket (up to
 bucket_bytes, one dtype) to the core as one grouped allreduce -- one engine request per bucket, as torch DDP's
 buckets -- and waits for all of them. The gradients reach the callback as zero-copy views of TensorFlow's buffers;
 the core packs them straight into its transport's buffer (on one node the shared window itself, so packing is the

@@ -123,6 +123,25 @@ def call(fn, inputs, out_dtypes, name):
     return module.ringtrain_host_call(list(inputs), Tout=list(out_dtypes), call=call_id, name=name)
 
 
+class RankMismatchError(TensorMismatchError, tf.errors.FailedPreconditionError):
+    """Ranks disagree on a collective (shape, dtype, op, root): Horovod's tf.errors.FailedPreconditionError, and
+    ringtrain's TensorMismatchError, so either `except` catches it. Raised eagerly; in a graph TensorFlow raises
+    its own FailedPreconditionError with the same message."""
+
+    def __init__(self, message):
+        tf.errors.FailedPreconditionError.__init__(self, None, None, message)
+
+    def __str__(self):
+        return self.message
+
+
+def as_tf_error(error):
+    """Horovod's TF error type for a ringtrain error raised eagerly (others are returned unchanged)."""
+    if isinstance(error, TensorMismatchError) and not isinstance(error, RankMismatchError):
+        return RankMismatchError(str(error))
+    return error
+
+
 # ---------------------------------------------------------------- the Python side of the kernel
 
 def _status_of(error):
