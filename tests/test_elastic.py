@@ -259,3 +259,56 @@ def test_reset_limit_ends_the_job_at_the_first_reformation_too_many():
     assert re.search(r"elastic job failed: the world would be re-formed 1 time\(s\), more than --reset-limit 0",
                      job.output), job
     assert not job.lines("FINAL"), job
+
+
+def replay(history, make_model_and_data):
+    """One process, the same steps: each rank's gradient on its own samples, averaged over the step's world size,
+    then one momentum-SGD step. Returns (parameters, momentum buffers) as lists."""
+    import torch
+    model, x, y, loss_on, lr, momentum = make_model_and_data()
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    for size, shards in history:
+        assert len(shards) == size
+        grads = [torch.zeros_like(p) for p in model.parameters()]
+        for indices in shards:
+            model.zero_grad()
+            loss_on(model, x, y, indices).backward()
+            grads = [g + p.grad for g, p in zip(grads, model.parameters())]
+        for p, g in zip(model.parameters(), grads):
+            p.grad = g / size
+        opt.step()
+    return ([p.tolist() for p in model.parameters()],
+            [opt.state[p]["momentum_buffer"].tolist() for p in model.parameters()])
+
+
+def test_after_a_kill_the_state_equals_a_one_process_replay_of_the_committed_steps():
+    """op=Average with momentum: after a worker is SIGKILLed and the survivors roll back and finish, the parameters
+    and momentum buffers equal a one-process replay of the steps the committed trajectory took (each with its own
+    world size as the divisor), and those steps trained every sample exactly once."""
+    import json
+
+    import numpy as np
+    job = run_elastic("-np", "3", "--min-np", "2", script="train_reference.py", KILL_RANK=1, KILL_STEP=3)
+    assert job.returncode == 0, job
+    assert "rank 1: KILLED" in job.output and "world 2: 2 workers" in job.output, job
+    [line] = re.findall(r"^rank 0: REFERENCE (.*)$", job.output, re.M)
+    final = json.loads(line)
+    history = final["history"]
+    sizes = [size for size, _ in history]
+    assert 3 in sizes and 2 in sizes and sizes == sorted(sizes, reverse=True), sizes     # both worlds trained
+    trained = sorted(i for _, shards in history for shard in shards for i in shard)
+    assert trained == list(range(60)), "each sample once"
+
+    script = SCRIPTS / "train_reference.py"
+    source = script.read_text().split("\nX, Y = data()")[0]        # the script's definitions, without the job
+
+    def make():
+        namespace = {"__name__": "train_reference_defs"}
+        exec(compile(source.replace("import ringtrain.torch as hvd", "").replace("hvd.init()", ""),
+                     str(script), "exec"), namespace)
+        x, y = namespace["data"]()
+        return namespace["make_model"](), x, y, namespace["loss_on"], 0.05, 0.9
+
+    params, momentum = replay(history, make)
+    for got, want in zip(final["params"] + final["momentum"], params + momentum):
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)

@@ -900,6 +900,11 @@ MUTANTS = [
            "        return tuple(rows // n + (k >= n - rows % n) for k in range(n))",
            (Tests(("tests/parallel_jax/test_jax_collectives.py",), ranks=3, select="reducescatter"),),
            "jax's reducescatter block shapes disagree with the core's split (the first ranks take the remainder)"),
+    Mutant("elastic_restore_keeps_the_live_momentum", "ringtrain/torch/elastic_state.py",
+           "class _OptimizerHandler(_ModelHandler):\n    def sync(self):",
+           "class _OptimizerHandler(_ModelHandler):\n    def restore(self):\n        pass\n\n    def sync(self):",
+           (Tests((ELASTIC,), select="replay"),),
+           "a roll-back restores the model but leaves the optimizer's momentum from the undone step"),
 ]
 
 
