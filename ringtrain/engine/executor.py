@@ -231,15 +231,23 @@ class Executor:
         # the host the transport reads the input itself (shm: only the blocks peers reduce are copied in, and this
         # rank's block is reduced from the input straight into the staging buffer, a pass less than packing it)
         buf = transport.staging_buffer(meta.nbytes).view(dtype)
+        source, prescale = req.array.reshape(-1), action.prescale
+        if prescale != 1.0 and (dtype.kind in "iub" or dtype.itemsize == 2):
+            # not linear for them: Horovod scales each rank's input and casts it back (integers truncated,
+            # 16-bit floats rounded) before the sum
+            scaled = ops.empty(source.shape, dtype)
+            ops.pack([source], scaled)
+            ops.scale(scaled, prescale)
+            source, prescale = scaled, 1.0
         if meta.device == "cpu":
-            transport.reducescatter_out(req.array.reshape(-1), buf, counts, ReduceOp(meta.op))
+            transport.reducescatter_out(source, buf, counts, ReduceOp(meta.op))
         else:
-            ops.pack([req.array.reshape(-1)], buf)
+            ops.pack([source], buf)
             transport.reducescatter(buf, counts, ReduceOp(meta.op))
         start = sum(counts[:self.rank])
         out = ops.empty((rows[self.rank],) + tuple(meta.shape[1:]), dtype)
-        # the prescale is applied to the reduced block, not the inputs: the same for a linear reduction
-        ops.unpack(buf[start:start + counts[self.rank]], [out.reshape(-1)], action.prescale * action.scale)
+        # a float prescale is applied to the reduced block, not the inputs: the same for a linear reduction
+        ops.unpack(buf[start:start + counts[self.rank]], [out.reshape(-1)], prescale * action.scale)
         return out
 
     # ------------------------------------------------------------------------------------------------ end

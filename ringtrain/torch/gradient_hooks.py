@@ -137,6 +137,7 @@ class GradientHooks:
         self.hooks = []
         prefix = instance_prefix("DistributedOptimizer", process_set)
         all_params = self.all_params()
+        self.names_given = named_parameters is not None
         self.names = _name_parameters(all_params, named_parameters)
         params = [p for p in all_params if p.requires_grad]
         if overlap is None:

@@ -63,6 +63,15 @@ class _DistributedOptimizerMixin:
     user's optimizer is `_ringtrain`, the GradientHooks that own the reducer."""
 
     @property
+    def _parameter_names(self):
+        """Horovod's parameter -> name mapping, which some scripts read: the names of named_parameters, else
+        'allreduce.noname.<i>' numbered within each param group, as Horovod."""
+        hooks = self._ringtrain
+        if hooks.names_given:
+            return {p: hooks.names[id(p)] for p in hooks.all_params()}
+        return {p: f"allreduce.noname.{i}" for group in self.param_groups for i, p in enumerate(group["params"])}
+
+    @property
     def overlaps_backward(self):
         """True: buckets are allreduced during backward; False: step() reduces them after backward."""
         return self._ringtrain.reducer.overlap
@@ -119,6 +128,45 @@ class _DistributedOptimizerMixin:
 
 
 
+class _OutsideTheSet:
+    """The hooks of a DistributedOptimizer built on a rank outside its process set. As Horovod's: no gradient
+    hooks, nothing reduced, step() is the optimizer's own (this rank trains alone)."""
+    overlap = False
+
+    def __init__(self, process_set, optimizer, named_parameters):
+        self.process_set = process_set
+        self.optimizer = optimizer
+        self.names_given = named_parameters is not None
+        self.names = {id(p): name for name, p in named_parameters} if self.names_given else {}
+        self.reducer = self
+        self.should_synchronize = True
+        self.steps = 0
+
+    def all_params(self):
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    def synchronize(self):
+        pass
+
+    def is_synchronized(self):
+        return False
+
+    def reopen(self):
+        pass
+
+    def set_passes_per_step(self, passes):
+        pass
+
+    def drop_pending(self):
+        pass
+
+    def zero_grad(self, set_to_none):
+        return None
+
+    def named_parameters(self):
+        return []
+
+
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none, backward_passes_per_step=1,
                          op=Average, gradient_predivide_factor=1.0, num_groups=0, groups=None, sparse_as_dense=False,
                          process_set=global_process_set, bucket_cap_mb=25, first_bucket_mb=1.0, overlap=None,
@@ -135,7 +183,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     bucket_cap_mb and the fusion threshold (32 MB).
     sparse_as_dense: allreduce sparse gradients (nn.Embedding(sparse=True)) as dense tensors; by default they travel
     as an allgather of indices and values, as Horovod's.
-    process_set: the ranks that train this model together (see add_process_set); every member must wrap it.
+    process_set: the ranks that train this model together (see add_process_set); every member must wrap it. On a
+    rank outside the set (as Horovod) it is built but reduces nothing: step() is the plain optimizer's.
     overlap: True = allreduce buckets during backward, False = in step() after backward, None = choose by hardware
     (after backward on a CPU with no core to spare for the engine's thread, overlap otherwise); see the module doc.
     shard: None (every rank keeps the whole optimizer state), "optimizer" (ZeRO stage 1: each rank keeps and steps
@@ -160,6 +209,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     wrapped = adopt(wrapper_class(_DistributedOptimizerMixin, optimizer.__class__), optimizer)
     if num_groups and groups is None:
         groups = num_groups
+    if process_set.included() is False:       # (None: not registered, which GradientHooks reports)
+        wrapped._ringtrain = _OutsideTheSet(process_set, wrapped, named_parameters)
+        return wrapped
     wrapped._ringtrain = GradientHooks(wrapped, named_parameters, compression, backward_passes_per_step, op,
                                        gradient_predivide_factor, bucket_cap_mb, first_bucket_mb, groups,
                                        sparse_as_dense, process_set, overlap)
