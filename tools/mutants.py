@@ -915,6 +915,16 @@ MUTANTS = [
            "class _OptimizerHandler(_ModelHandler):\n    def restore(self):\n        pass\n\n    def sync(self):",
            (Tests((ELASTIC,), select="replay"),),
            "a roll-back restores the model but leaves the optimizer's momentum from the undone step"),
+    Mutant("object_state_commit_keeps_a_reference", "ringtrain/elastic/state.py",
+           "        self._saved_state = {name: copy.deepcopy(getattr(self, name)) for name in self._saved_state}",
+           "        self._saved_state = {name: getattr(self, name) for name in self._saved_state}",
+           (Tests((ELASTIC_PIECES,), select="object_state"),),
+           "commit() keeps the live objects, so in-place changes after it leak into the roll-back"),
+    Mutant("keras_keeps_xla_on_for_the_host_callback", "ringtrain/keras/xla.py",
+           "    if setting:\n        return False, XLA_WARNING",
+           "    if setting is True and False:\n        return False, XLA_WARNING",
+           (Tests(("tests/test_tf_binding.py",), select="xla_decision"),),
+           "Keras's resolved jit_compile=True is kept: XLA would try to compile ringtrain's host callback"),
 ]
 
 
