@@ -110,11 +110,11 @@ def run_job(args):
         if mode in SHARD_OF_MODE:
             optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                                  shard=SHARD_OF_MODE[mode], overlap=OVERLAP_OF_MODE.get(mode))
-            sharding = optimizer._rt_sharding
-            inner_state = lambda: sharding.inner.state                   # noqa: E731
-            grad_buffers = lambda: [v.grad for v in sharding.views] + [   # noqa: E731
+            sharding = optimizer._ringtrain
+            inner_state = lambda: sharding.update.inner.state            # noqa: E731
+            grad_buffers = lambda: [v.grad for v in sharding.update.views] + [   # noqa: E731
                 b.buffer for b in getattr(sharding.gradients, "hooks", None).reducer.buckets
-                if b.buffer is not None] if sharding.stage == 1 else [v.grad for v in sharding.views]
+                if b.buffer is not None] if sharding.stage == 1 else [v.grad for v in sharding.update.views]
         else:
             optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
             inner_state = lambda: optimizer.state                        # noqa: E731

@@ -319,8 +319,8 @@ def test_after_backward_the_last_ready_bucket_is_reduced_first(rt):
                                    first_bucket_mb=0.02)
     hooks = opt._ringtrain
     submitted = []
-    real_submit = hooks.submit
-    hooks.submit = lambda bucket, sync: submitted.append(bucket.index) or real_submit(bucket, sync)
+    real_launch = hooks.reducer.launch          # the binding's launch, which the Reducer calls
+    hooks.reducer.launch = lambda bucket, sync: submitted.append(bucket.index) or real_launch(bucket, sync)
     for step in range(3):
         submitted.clear()
         opt.zero_grad()

@@ -57,14 +57,12 @@ class PytreeReducer:
 
     def _run(self, gradients, outputs, sync):
         reducer, results = self.reducer, [None] * len(gradients)
+        reducer.prepare_for_backward()
         for i in range(len(gradients)):
             bucket = reducer.arrived(i)
             if bucket is not None:
                 self._submit(bucket, gradients, outputs, results, sync)
-        try:
-            reducer.wait()
-        finally:
-            reducer.reset_step()
+        reducer.finalize(launch_remaining=lambda bucket: self._submit(bucket, gradients, outputs, results, sync))
         return results
 
     def _submit(self, bucket, gradients, outputs, results, sync):

@@ -46,3 +46,25 @@ class CastCompressor(Compressor):
     @classmethod
     def decompress(cls, tensor, ctx):
         return tensor if ctx is None or tensor.dtype == ctx else cls.cast(tensor, ctx)
+
+
+class CommunicationHook:
+    """The Reducer's one communication seam: what a bucket's tensors become on the wire (encode, before the
+    collective) and what the reduced wire tensors become again (decode, after it). Today it runs a Compressor's
+    cast; a hook that changes what is communicated (PowerSGD's low-rank factors, Adasum's deltas) implements the
+    same two methods and is given to the Reducer instead."""
+
+    def __init__(self, compressor=None):
+        self.compressor = compressor
+
+    @classmethod
+    def of(cls, compression):
+        """The hook of a binding's `compression=` argument: a Compressor (class or instance) or a hook itself."""
+        return compression if isinstance(compression, CommunicationHook) else cls(compression)
+
+    def encode(self, tensor):
+        """(wire tensor, context for decode)."""
+        return self.compressor.compress(tensor) if self.compressor is not None else (tensor, None)
+
+    def decode(self, tensor, ctx):
+        return self.compressor.decompress(tensor, ctx) if self.compressor is not None else tensor

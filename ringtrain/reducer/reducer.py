@@ -17,29 +17,37 @@ The interface, in the order a training step uses it:
   definition order, as gradients become final in backward), `reducer.bucket_of(key)` the bucket of one member.
   `plan_buckets()` is the rule (small first bucket, then `bucket_bytes`, one kind -- dtype and device -- per bucket,
   a host member of `alone_bytes` or more alone with overlap, with other such members only after backward, up to
-  `large_bucket_bytes`); `groups=`
-  (Horovod's) fixes the buckets instead.
+  `large_bucket_bytes`; reducer/buckets.py); `groups=` (Horovod's) fixes the buckets instead.
 - Pass counting: the binding calls `reducer.arrived(key)` once per member per backward pass (a post-accumulate-grad
   hook); it returns the bucket when that bucket is complete -- every member arrived `passes_per_step` times -- and not
   yet submitted. `check_passes()` raises when a member arrived more often. While the phase is
   `Phase.LEARNING_ORDER` (overlap, first step) the reducer records the order gradients became final.
-- Submission: `reducer.submit(bucket, arrays, outs=None, sync=False, done=None, prescaled=False)` starts the
-  bucket's collective on the arrays (in place when `outs` is None): one array -> one allreduce, several -> one
+- Submission (the binding's launch calls it): `reducer.submit(bucket, arrays, outs=None, sync=False, done=None,
+  prescaled=False)` starts the bucket's collective on the arrays (in place when `outs` is None): one array -> one allreduce, several -> one
   grouped allreduce, both named `bucket.name` with the reducer's op and scale factors (prescaled=True: the binding
   multiplied by the prescale factor while packing). sync=True runs it on the caller's thread. `done(result)` runs
   when the bucket is waited for (copy back, decompress). `track(bucket, handle, done)` adds any other handle
   (sparse gradients) to the bucket. `submit_remaining(fn, last_ready_first=False)` calls fn(bucket) for every bucket
   not yet submitted, in bucket order or its reverse.
-- Completion: `reducer.wait()` waits for every submitted bucket in bucket order (the same on every rank) and runs
-  their `done`; `drain()` waits ignoring errors; `reset_step()` forgets arrivals and pending work (after a step, a
-  zero_grad, a failure). `state` is `StepState.OPEN` until `mark_synchronized()`.
+- The step's lifecycle, the same for every binding and both sharded stages (as torch DDP's Reducer):
+  `prepare_for_backward()` after the optimizer stepped; `gradient_ready(key)` from a hook while the order is being
+  learned (and `trigger(bucket)`, the hook of a bucket's last-ready member after that): the complete bucket goes to
+  the binding's `launch(bucket, sync)`, which hands its tensors over as arrays and calls `submit`;
+  `finalize(launch_remaining=None, last_ready_first=False, after_wait=None)` checks the pass counts, launches what
+  backward did not, waits for every bucket in bucket order (the same on every rank) running their `done`, learns
+  the order after the first step and leaves the step synchronized -- or clean after any failure;
+  `check_zero_grad()` before a zero_grad (an error while collectives still write into the gradients);
+  `drop_pending()` (load_state_dict, a new pass count). Underneath: `wait()`, `drain()` (ignoring errors),
+  `reset_step()`; `state` is `StepState.OPEN` until the step is synchronized.
 - Re-planning: after the first step with overlap, `learn_order()` re-lays the buckets in the order gradients actually
   became final (rank 0's order, agreed by one allreduce), unless the user gave groups, and moves to
   `Phase.ORDER_KNOWN`. `last_ready(bucket)` then names the member whose hook should submit the bucket.
 - Scaling: `Scaling.for_gradients(op, gradient_predivide_factor)` is Horovod's rule: Average's 1/size is applied by
   the core; a predivide factor f divides by f before the sum and multiplies by f after (fp16 sums stay in range).
   It is applied once, by the core, through the scale factors of the submitted collective.
-- Compression: `compress(tensor)` / `decompress(tensor, ctx)` forward to the binding's Compressor (its cast).
+- The communication seam: `compress(tensor)` / `decompress(tensor, ctx)` run the reducer's `hook`, a
+  CommunicationHook (reducer/compression.py) made from the binding's Compressor (its cast) -- the one place where
+  compression, and later hooks that change what is communicated (PowerSGD, Adasum deltas), plug in.
 - Sharded optimizers: `Reducer(..., collective=Collective.REDUCESCATTER)` submits each bucket's flat array as a
   reducescatter instead; `done(result)` then receives this rank's shard of the reduced bucket (shards follow the
   core's rule: dim 0 split as evenly as possible, first ranks one row more). The parameter allgather is the
@@ -56,6 +64,9 @@ from ringtrain.core import collectives
 from ringtrain.errors import RingtrainError
 from ringtrain.ops import Average, Sum, as_op
 from ringtrain.core.process_sets import global_process_set
+
+from .compression import CommunicationHook
+from .buckets import Bucket, Member, explicit_groups, plan_buckets, split_in_groups  # noqa: F401  (re-exported)
 
 # names stay distinct when one process wraps several optimizers; counted per process set, so an optimizer that only
 # a set's members create does not shift the names of the world's next optimizer on those ranks alone
@@ -125,114 +136,10 @@ class Scaling:
         return self.prescale_factor * self.postscale_factor
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class Member:
-    """What the reducer knows of one gradient: the binding's key for it (a parameter, an index), a name for
-    messages, its size in bytes, its kind (dtype, device: a bucket holds one kind) and whether it is on the host
-    (a large host member travels alone, or with large ones only: see plan_buckets)."""
-    key: object
-    name: str
-    nbytes: int
-    kind: object
-    host: bool = True
-
-
-@dataclasses.dataclass(eq=False)
-class Bucket:
-    index: int
-    name: str                          # the collective's request name: the same on every rank
-    members: list                      # Member, in bucket order
-    flat: bool                         # travels as one flat array (one kind; several members, or one on the host)
-    arrivals: list = dataclasses.field(default_factory=list)   # keys, one per arrival this step (hooks append)
-    buffer: object = None              # the binding's persistent flat buffer, made at the first flat submit
-    views: object = None               # views of buffer shaped like the members
-    keys: list = dataclasses.field(init=False)   # the members' keys, in order (read every step: made once)
-
-    def __post_init__(self):
-        self.keys = [m.key for m in self.members]
-
-
 @dataclasses.dataclass(eq=False)
 class Pending:
     handle: object                     # has wait() (and poll()); None for a collective already run (sync)
     done: object                       # done(result) -> None, or None
-
-
-def plan_buckets(members, first_bucket_bytes, bucket_bytes, alone_bytes=None, keep_order=True, large_alone=None,
-                 large_bucket_bytes=None):
-    """Split members (in expected ready order) into lists: the first small so the first collective starts early in
-    backward, the rest up to bucket_bytes. One kind per bucket. A host member of alone_bytes or more is large.
-    keep_order=True: buckets are consecutive runs (for overlap), and a large member is alone, so it goes out as soon
-    as it is final; False: members of one kind fill the same bucket wherever they sit (reduced after backward, order
-    does not matter, fewer requests), large ones only with large ones (a bucket of them is refilled every step, see
-    the torch binding), up to large_bucket_bytes (default bucket_bytes). large_alone overrides whether a large
-    member is alone."""
-    large_alone = keep_order if large_alone is None else large_alone
-    buckets, filling = [], {}       # kind (or (kind, "large")) -> [members, bytes] of the bucket still filling
-
-    def close(kind):
-        buckets.append(filling.pop(kind)[0])
-
-    for member in members:
-        kind, nbytes = member.kind, member.nbytes
-        if keep_order:
-            for other in [k for k in filling if k != kind]:
-                close(other)
-        cap = first_bucket_bytes if not buckets else bucket_bytes
-        if alone_bytes is not None and nbytes >= alone_bytes and member.host:
-            if large_alone:
-                if keep_order and kind in filling:
-                    close(kind)
-                buckets.append([member])
-                continue
-            kind = (kind, "large")
-            cap = large_bucket_bytes or cap
-        current = filling.get(kind)
-        if current is not None and current[1] + nbytes > cap:
-            close(kind)
-            current = None
-        if current is None:
-            current = filling[kind] = [[], 0]
-        current[0].append(member)
-        current[1] += nbytes
-    for kind in list(filling):
-        close(kind)
-    return buckets
-
-
-def split_in_groups(members, num_groups):
-    """Horovod's groups=<int>: the members in num_groups consecutive groups of near-equal count."""
-    num_groups = min(int(num_groups), len(members))
-    base, extra = divmod(len(members), num_groups) if num_groups else (0, 0)
-    groups, start = [], 0
-    for i in range(num_groups):
-        end = start + base + (1 if i < extra else 0)
-        groups.append(members[start:end])
-        start = end
-    return groups
-
-
-def explicit_groups(members, groups):
-    """Horovod's groups=: an int k (k groups of near-equal count) or lists of member keys, one bucket each (members
-    in no list get a bucket each). Returns lists of members, or None for no grouping (groups None or 0)."""
-    if groups is None or (isinstance(groups, int) and not isinstance(groups, bool) and groups == 0):
-        return None
-    if isinstance(groups, int) and not isinstance(groups, bool):
-        if groups < 0:
-            raise ValueError(f"groups must be a non-negative int or a list of lists of parameters, got {groups}")
-        return split_in_groups(members, groups)
-    by_key = {id(m.key): m for m in members}
-    chosen, seen = [], set()
-    for group in groups:
-        group = list(group)
-        picked = [by_key[id(key)] for key in group if id(key) in by_key and id(key) not in seen]
-        if len(picked) != len(group):
-            raise ValueError("groups: every parameter must be a trainable parameter of this optimizer and appear in "
-                             "one group only")
-        seen.update(id(m.key) for m in picked)
-        if picked:
-            chosen.append(picked)
-    return chosen + [[m] for m in members if id(m.key) not in seen]
 
 
 class Reducer:
@@ -241,11 +148,13 @@ class Reducer:
 
     def __init__(self, members, *, prefix, scaling=Scaling(), compression=None, process_set=global_process_set,
                  passes_per_step=1, bucket_bytes=25 << 20, first_bucket_bytes=1 << 20, alone_bytes=None,
-                 large_bucket_bytes=None, overlap=True, groups=None, collective=Collective.ALLREDUCE):
+                 large_bucket_bytes=None, overlap=True, groups=None, collective=Collective.ALLREDUCE, launch=None):
         self.members = list(members)
         self.prefix = prefix
         self.scaling = scaling
         self.compression = compression
+        self.hook = CommunicationHook.of(compression)   # the seam: what a bucket's tensors become on the wire
+        self.launch = launch            # the binding's launch(bucket, sync): hand the bucket's tensors over, submit
         self.process_set = process_set
         self.passes_per_step = _check_passes_per_step(passes_per_step)
         self.bucket_bytes = int(bucket_bytes)
@@ -344,10 +253,12 @@ class Reducer:
     # ------------------------------------------------------------ submission and completion
 
     def compress(self, tensor):
-        return self.compression.compress(tensor) if self.compression is not None else (tensor, None)
+        """The communication seam, outbound: (what goes on the wire, what decompress needs)."""
+        return self.hook.encode(tensor)
 
     def decompress(self, tensor, ctx):
-        return self.compression.decompress(tensor, ctx) if self.compression is not None else tensor
+        """The communication seam, inbound: the reduced wire tensor as the gradient's own."""
+        return self.hook.decode(tensor, ctx)
 
     def submit(self, bucket, arrays, outs=None, sync=False, done=None, prescaled=False):
         """Start (sync=False) or run on this thread (sync=True) the bucket's collective on `arrays` (numpy or cupy),
@@ -442,6 +353,86 @@ class Reducer:
     def is_synchronized(self):
         """Synchronized and nothing arrived since: waiting again would do nothing."""
         return self.state is StepState.SYNCHRONIZED and not self.has_work()
+
+    # ------------------------------------------------------------ the step's lifecycle (every binding's)
+
+    def prepare_for_backward(self):
+        """The optimizer stepped: a new step begins, gradients may arrive again."""
+        self.state = StepState.OPEN
+
+    def gradient_ready(self, key):
+        """A member's gradient became final (a hook, until the order is known): with overlap its bucket is launched
+        as soon as it is complete."""
+        bucket = self.arrived(key)
+        if bucket is not None and self.overlap:
+            self.launch(bucket, sync=False)
+
+    def trigger(self, bucket):
+        """The hook of a bucket's last-ready member once the order is known: count it, launch the complete bucket
+        (the other members' hooks are `bucket.arrivals.append`, no Python frame)."""
+        arrivals, launch, is_complete = bucket.arrivals, self.launch, self.is_complete
+
+        def last_gradient_of_bucket(key):
+            arrivals.append(key)
+            if is_complete(bucket):
+                launch(bucket, sync=False)
+        return last_gradient_of_bucket
+
+    def finalize(self, launch_remaining=None, last_ready_first=False, after_wait=None):
+        """Finish the step's communication: check the pass counts, launch every bucket backward did not (with
+        launch_remaining(bucket), default the binding's launch, synchronously after backward), wait for all in
+        bucket order (their done callbacks scale back and unpack), and after the first step learn the ready order;
+        after_wait(order_just_learned) runs last. Whatever fails, the next backward starts clean. Returns False,
+        doing nothing, when the step is already synchronized."""
+        if self.is_synchronized():
+            return False
+        try:
+            self.check_passes()
+        except RingtrainError:
+            self.drain()           # nothing already in flight may write into a gradient later
+            self.reset_step()
+            raise
+        if launch_remaining is None:
+            launch, sync = self.launch, not self.overlap
+
+            def launch_remaining(bucket):
+                launch(bucket, sync=sync)
+        try:
+            self.submit_remaining(launch_remaining, last_ready_first=last_ready_first)
+            self.wait()
+            learned = self.phase is Phase.LEARNING_ORDER
+            self.learn_order()
+            if after_wait is not None:
+                after_wait(learned)
+        except BaseException:
+            # a failed collective (stall, shutdown) must not leave the binding waiting on dead handles forever
+            self.reset_step()
+            raise
+        self.reset_step()
+        self.mark_synchronized()
+        return True
+
+    def check_zero_grad(self):
+        """zero_grad() drops the step's unreduced gradients and their pass count; an error while a collective
+        still writes into them (collectives that all failed are simply dropped)."""
+        if self.pending and self.only_failed_pending():
+            self.reset_step()
+        if self.pending:
+            writing = ("gradient buckets are still being reduce-scattered" if self.collective is Collective.REDUCESCATTER
+                       else "allreduces are still writing into the gradients")
+            raise RingtrainError("optimizer.zero_grad() was called after loss.backward() but before optimizer.step() "
+                                 f"or optimizer.synchronize(): {writing} (buckets {sorted(self.pending)})")
+        self.reset_step()
+
+    def drop_pending(self):
+        """Wait for the collectives in flight (running their done callbacks) and forget the step's arrivals: the
+        next backward starts a fresh step (load_state_dict, a new pass count)."""
+        try:
+            if self.pending:
+                self.wait()
+        finally:
+            self.reset_step()
+            self.prepare_for_backward()
 
     # ------------------------------------------------------------ re-planning
 

@@ -112,14 +112,13 @@ def allreduce_gradients(grads, prefix, compression=Compression.none, op=Average,
 def _run(reducer, *arrays):
     """The host call: every bucket submitted (one grouped allreduce each), then all waited for."""
     results = [None] * len(arrays)
-    try:
-        for bucket in reducer.buckets:
-            inputs = [functions.as_host_array(arrays[j]) for j in bucket.keys]
-            outs = [functions.output_like(x) for x in inputs]
-            reducer.submit(bucket, inputs, outs=outs, done=functools.partial(_place, results, bucket.keys))
-        reducer.wait()
-    finally:
-        reducer.reset_step()
+
+    def launch(bucket):
+        inputs = [functions.as_host_array(arrays[j]) for j in bucket.keys]
+        outs = [functions.output_like(x) for x in inputs]
+        reducer.submit(bucket, inputs, outs=outs, done=functools.partial(_place, results, bucket.keys))
+    reducer.prepare_for_backward()
+    reducer.finalize(launch_remaining=launch)       # every bucket, in bucket order, then all waited for
     return results
 
 
@@ -134,13 +133,13 @@ def _run_in_shared_buffers(reducer, *arrays):
         return _run(reducer, *arrays)          # eager GPU tensors arrive as cupy arrays: the core's path
     results = [None] * len(arrays)
     scaling = reducer.scaling
-    try:
-        for bucket in reducer.buckets:         # one at a time: fused buckets would take the copying path
-            buffer, views = shared_buckets.stage([host[j] for j in bucket.keys], bucket.name,
-                                                 scaling.prescale_factor, reducer.process_set)
-            # the prescale was applied while copying in: one array, no prescale, is the core's copy-free path
-            reducer.submit(bucket, [buffer], sync=True, prescaled=True)
-            _place(results, bucket.keys, views)
-    finally:
-        reducer.reset_step()
+
+    def launch(bucket):                        # one at a time: fused buckets would take the copying path
+        buffer, views = shared_buckets.stage([host[j] for j in bucket.keys], bucket.name,
+                                             scaling.prescale_factor, reducer.process_set)
+        # the prescale was applied while copying in: one array, no prescale, is the core's copy-free path
+        reducer.submit(bucket, [buffer], sync=True, prescaled=True)
+        _place(results, bucket.keys, views)
+    reducer.prepare_for_backward()
+    reducer.finalize(launch_remaining=launch)
     return results

@@ -20,7 +20,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ringtrain import host_memory
 from ringtrain.core import state as core_state
-from ringtrain.errors import RingtrainError, TensorMismatchError
+from ringtrain.errors import TensorMismatchError
 from ringtrain.reducer.model_check import describe_model_mismatch
 from ringtrain.reducer.reducer import Member, Phase, Reducer, Scaling, instance_prefix
 
@@ -152,7 +152,7 @@ class GradientHooks:
                                passes_per_step=backward_passes_per_step, bucket_bytes=int(bucket_cap_mb * _MB),
                                first_bucket_bytes=int(first_bucket_mb * _MB), alone_bytes=_ALONE_BYTES,
                                large_bucket_bytes=max(int(bucket_cap_mb * _MB), core_state.config().fusion_threshold),
-                               overlap=overlap, groups=groups)
+                               overlap=overlap, groups=groups, launch=self._launch)
         host = [m.nbytes for m in self.reducer.members if m.host]
         if host:
             # backward frees and makes each large host gradient again every step: keep those blocks in the heap
@@ -188,7 +188,7 @@ class GradientHooks:
             hook.remove()
         reducer = self.reducer
         if reducer.phase is Phase.LEARNING_ORDER:
-            self.hooks = [m.key.register_post_accumulate_grad_hook(self._first_step_hook) for m in reducer.members]
+            self.hooks = [m.key.register_post_accumulate_grad_hook(reducer.gradient_ready) for m in reducer.members]
             return
         hooks, accumulators = [], []
         first_step = not reducer.overlap and self.counted is None and self.node_hooks_first_step
@@ -198,7 +198,7 @@ class GradientHooks:
             for member in bucket.members:
                 if counted is not None and member.key is not counted:
                     continue
-                hook = self._bucket_trigger(bucket) if member is last else bucket.arrivals.append
+                hook = reducer.trigger(bucket) if member is last else bucket.arrivals.append
                 if first_step and len(bucket.members) > 1:
                     # hooked for this step only: a parameter's own hook, once registered, costs ~0.6 us per
                     # backward pass even after it is removed (torch keeps calling into Python for it: 0.2-0.3 ms
@@ -228,21 +228,10 @@ class GradientHooks:
         if self.counted:
             self.install_hooks()
 
-    def _first_step_hook(self, param):
-        bucket = self.reducer.arrived(param)
-        if bucket is not None:
-            self.submit(bucket, sync=False)
-
-    def _bucket_trigger(self, bucket):
-        arrivals, reducer = bucket.arrivals, self.reducer
-
-        def last_gradient_of_bucket(param):
-            arrivals.append(param)
-            if reducer.is_complete(bucket):
-                self.submit(bucket, sync=False)
-        return last_gradient_of_bucket
-
     # ------------------------------------------------------------ communication
+
+    def _launch(self, bucket, sync):
+        return self.submit(bucket, sync)     # looked up per call: profilers and tests may wrap submit
 
     def submit(self, bucket, sync):
         """Start (sync=False) or run on this thread (sync=True) the allreduce of one bucket; wait() finishes it."""
@@ -360,46 +349,22 @@ class GradientHooks:
 
     def synchronize(self):
         """Wait until every gradient has been allreduced (reducing what backward did not submit). Idempotent until
-        the next backward."""
+        the next backward. The Reducer runs the step's end; this binding only re-hooks once the order is known."""
         reducer = self.reducer
-        if reducer.is_synchronized():
-            return
-        try:
-            reducer.check_passes()
-        except RingtrainError:
-            reducer.drain()   # nothing already in flight may write into a gradient later
-            reducer.reset_step()
-            raise
-        try:
+        with torch.no_grad():
             # after backward in reverse bucket order: buckets fill in expected ready order, so the last holds the
             # gradients backward wrote last, the likeliest still in the cache
-            reducer.submit_remaining(functools.partial(self.submit, sync=not reducer.overlap),
-                                     last_ready_first=not reducer.overlap)
-            with torch.no_grad():
-                reducer.wait()
-            if reducer.phase is Phase.LEARNING_ORDER:
-                reducer.learn_order()
-                self.install_hooks()
-            self.hook_one_parameter_per_bucket()
-        except BaseException:
-            # a failed collective (stall, shutdown) must not leave this optimizer waiting on dead handles forever:
-            # the next backward starts clean, e.g. after hvd.shutdown() and hvd.init()
-            reducer.reset_step()
-            raise
-        reducer.reset_step()
-        reducer.mark_synchronized()
+            reducer.finalize(last_ready_first=not reducer.overlap, after_wait=self._after_first_wait)
+
+    def _after_first_wait(self, order_learned):
+        if order_learned:
+            self.install_hooks()
+        self.hook_one_parameter_per_bucket()
 
     def zero_grad(self, set_to_none):
         """Returns the parameters whose gradients torch's own zero_grad should clear (None: all of them)."""
         reducer = self.reducer
-        if reducer.pending and reducer.only_failed_pending():
-            reducer.reset_step()
-        if reducer.pending:
-            raise RingtrainError(
-                "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
-                "optimizer.synchronize(): allreduces are still writing into the gradients "
-                f"(buckets {sorted(reducer.pending)})")
-        reducer.reset_step()   # nothing in flight: the unreduced gradients and their pass count go
+        reducer.check_zero_grad()   # nothing in flight: the unreduced gradients and their pass count go
         # Gradients that are views of a bucket's buffer stay views, zeroed (as DDP's gradient_as_bucket_view): set to
         # None, the next backward would allocate fresh ones and step() would copy them back in -- which is what a
         # refilled bucket (large gradients, after backward) does on purpose. From step() on it makes no difference:
@@ -443,16 +408,8 @@ class GradientHooks:
 
     def drop_pending(self):
         """Wait for gradients in flight and drop pending accumulation: the next backward starts a fresh step."""
-        reducer = self.reducer
-        if reducer.pending:
-            try:
-                with torch.no_grad():
-                    reducer.wait()
-            finally:
-                reducer.reset_step()
-        reducer.reset_step()
-        reducer.reopen()
-
+        with torch.no_grad():
+            self.reducer.drop_pending()
 
 
 @torch.no_grad()

@@ -90,7 +90,7 @@ class _DistributedOptimizerMixin:
                               "`with optimizer.skip_synchronize():`; gradients were not reduced twice, but wrap "
                               "the step in skip_synchronize() to say so", stacklevel=2)
             hooks.synchronize()
-        hooks.reducer.reopen()
+        hooks.reducer.prepare_for_backward()
         result = super().step(closure)
         hooks.steps += 1
         # RINGTRAIN_CHECK_EVERY=n: every n-th step, verify parameters are still identical on all ranks (collective;

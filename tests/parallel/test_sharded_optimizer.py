@@ -127,7 +127,7 @@ def test_n_ranks_equal_one_process(rt, stage, optimizer):
     make, rtol = OPTIMIZERS[optimizer]
     data = batches(rt.size() * SHARD, steps=4)
     model, opt = train_sharded(rt, make, data, stage, **CAPS)
-    assert len(opt._rt_sharding.plan.buckets) >= 4
+    assert len(opt._ringtrain.plan.buckets) >= 4
     reference, _ = train_reference(make, data)
     assert_moved(reference)
     assert_close_models(model, reference, rtol, f"{optimizer}, shard={stage}, {rt.size()} ranks")
@@ -198,10 +198,10 @@ def test_stage_two_keeps_only_its_shard_of_the_gradients(rt):
     assert all(p.grad is None for p in model.parameters()), "stage 2 must free each bucket's full gradients"
     opt.step()
     total = sum(p.numel() for p in model.parameters())
-    state = sum(v.numel() for s in opt._rt_sharding.inner.state.values() for v in s.values() if v.dim() == 1)
+    state = sum(v.numel() for s in opt._ringtrain.update.inner.state.values() for v in s.values() if v.dim() == 1)
     mine = opt.shard_numel()
     everyone = rt.allgather_object(mine, name="check.shard_numel")
-    assert sum(everyone) == total and max(everyone) - min(everyone) <= len(opt._rt_sharding.plan.buckets)
+    assert sum(everyone) == total and max(everyone) - min(everyone) <= len(opt._ringtrain.plan.buckets)
     assert state == 2 * mine, f"Adam keeps 2 moments of this rank's {mine} elements, found {state} elements"
 
 
@@ -217,7 +217,7 @@ def test_shard_steps_with_torchs_fused_kernel_unless_the_user_chose(rt):
         reference, ref_opt = train_reference(make, data)
         assert_close_models(model, reference, 1e-8, f"{type(opt).__mro__[2].__name__}")
         for when in ("after steps", "after load_state_dict"):
-            for group in opt._rt_sharding.inner.param_groups:
+            for group in opt._ringtrain.update.inner.param_groups:
                 assert {key: group[key] for key in want} == want, f"{type(opt).__mro__[2].__name__} {when}: {group}"
             assert all(group.get("fused") in (None, False) for group in opt.param_groups), "the user's groups changed"
             opt.load_state_dict(ref_opt.state_dict())
@@ -422,7 +422,7 @@ def test_parameter_allgather_during_the_next_forward(rt, stage):
     make, rtol = OPTIMIZERS["adam"]
     data = batches(rt.size() * SHARD, steps=4)
     model, opt = train_sharded(rt, make, data[:3], stage, gather_parameters="forward", **CAPS)
-    assert opt._rt_sharding.gathers, "step() should leave the parameter allgathers in flight"
+    assert opt._ringtrain.gather.in_flight, "step() should leave the parameter allgathers in flight"
     train_sharded(rt, make, data[3:], stage, model=model, opt=opt)
     opt.wait_for_parameters()
     reference, _ = train_reference(make, data)
