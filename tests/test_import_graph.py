@@ -211,3 +211,14 @@ def test_library_modules_import_what_they_use_by_name():
     """`import ringtrain as _core` inside the package hides which layer a module really uses."""
     graph = import_graph()
     assert sorted(v for v, targets in graph.items() if "ringtrain" in targets) == []
+
+
+def test_contributing_says_where_every_folder_lives():
+    text = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    table = text.split("## Where things live", 1)[1].split("\n## ", 1)[0]
+    folders = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    assert folders - set(re.findall(r"`(?:ringtrain/)?([a-z_]+)/`", table)) == set()
+    for path in re.findall(r"`(ringtrain/[\w/]+\.py)`", table):
+        assert (ROOT / path).exists(), path
+    for name in re.findall(r"`(\w+\.py)`", table):
+        assert list(PACKAGE.rglob(name)), name
