@@ -10,6 +10,8 @@ import sys
 import numpy as np
 import pytest
 
+from extras import need
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH_DIR = os.path.join(REPO_ROOT, "benchmarks")
 sys.path.insert(0, BENCH_DIR)
@@ -50,6 +52,7 @@ def assert_png(path):
 def allreduce_quick(tmp_path_factory):
     if mpiexec() is None:
         pytest.skip("mpiexec not found")
+    need("matplotlib", "bench")      # the --png plot
     folder = tmp_path_factory.mktemp("allreduce")
     out_json, out_png = str(folder / "allreduce.json"), str(folder / "allreduce.png")
     stdout = run_script([mpiexec(), "-n", "2", sys.executable, os.path.join(BENCH_DIR, "allreduce.py"), "--quick",
@@ -102,6 +105,7 @@ def test_train_scaling_quick(tmp_path):
     if mpiexec() is None:
         pytest.skip("mpiexec not found")
     pytest.importorskip("torch")
+    need("matplotlib", "bench")      # the --png plot
     out_json, out_png = str(tmp_path / "train.json"), str(tmp_path / "train.png")
     stdout = run_script([sys.executable, os.path.join(BENCH_DIR, "train_scaling.py"), "--quick", "--max-ranks", "2",
                          "--json", out_json, "--png", out_png], timeout=300)
@@ -400,6 +404,8 @@ def test_soak_quick(tmp_path):
 def test_sharded_optimizer_quick(tmp_path):
     if mpiexec() is None:
         pytest.skip("mpiexec not found")
+    need("torch")
+    need("matplotlib", "bench")      # the --png plot
     out_json, out_png = str(tmp_path / "sharded.json"), str(tmp_path / "sharded.png")
     stdout = run_script([sys.executable, os.path.join(BENCH_DIR, "sharded_optimizer.py"), "--quick",
                          "--json", out_json, "--png", out_png], timeout=300)

@@ -37,7 +37,7 @@ def undocumented(module):
 
 def imported(module_name):
     if module_name != "ringtrain" and module_name != "ringtrain.torch":
-        pytest.importorskip("tensorflow", reason="TensorFlow is not installed (the tensorflow extra)")
+        pytest.importorskip("tensorflow", reason="tensorflow is missing: the [tensorflow] extra is not installed")
     return importlib.import_module(module_name)
 
 

@@ -193,7 +193,8 @@ def _keras_available():
     return True
 
 
-keras_only = pytest.mark.skipif(not _keras_available(), reason="TensorFlow/Keras not installed")
+keras_only = pytest.mark.skipif(not _keras_available(),
+                                reason="TensorFlow/Keras are missing: the [tensorflow] extra is not installed")
 
 
 @keras_only

@@ -64,7 +64,7 @@ def test_synthetic_benchmark_two_ranks(tmp_path):
 
 @pytest.mark.parametrize("script", ["tf_train.py", "keras_train.py"])
 def test_tensorflow_examples(script, tmp_path):
-    pytest.importorskip("tensorflow", reason="TensorFlow is not installed (the tensorflow extra)")
+    pytest.importorskip("tensorflow", reason="tensorflow is missing: the [tensorflow] extra is not installed")
     out = run_example(script, "--epochs", "8", cwd=tmp_path)
     assert final_accuracy(out) >= 0.8, out              # 20 epochs reach ~0.95; 8 are past 0.85
 
