@@ -125,7 +125,15 @@ def test_every_launcher_flag_in_the_docs_exists(launcher_help):
 
 def elastic_flags_of_the_launcher(launcher_help):
     """The flags that make ringtrain-run's job elastic, found by parsing a command line with each flag alone."""
-    from ringtrain.launch import run
+    import importlib
+    import inspect
+    try:                                     # where ringtrain-run's command line is parsed
+        run = importlib.import_module("ringtrain.launch.options")
+    except ModuleNotFoundError:
+        run = importlib.import_module("ringtrain.launch.run")
+    parse = run.parse_args
+    if "prog" in inspect.signature(parse).parameters:
+        parse = lambda argv, _parse=run.parse_args: _parse(argv, prog="ringtrain-run")   # noqa: E731
     flags = {f for f in dc.launcher_help_flags(launcher_help) if f.startswith("-") and f not in ("-h", "--help")}
     values = {"--blacklist-cooldown-range": ["1", "2"]}
     elastic = set()
@@ -138,7 +146,7 @@ def elastic_flags_of_the_launcher(launcher_help):
             else:
                 argv = ["-np", "2", flag] + values.get(flag, ["3"])
             try:
-                args = run.parse_args(argv + ["python", "x.py"])
+                args = parse(argv + ["python", "x.py"])
             except SystemExit:
                 continue
             if args.elastic:
