@@ -941,6 +941,11 @@ MUTANTS = [
            "    if setting is True and False:\n        return False, XLA_WARNING",
            (Tests(("tests/test_tf_binding.py",), select="xla_decision"),),
            "Keras's resolved jit_compile=True is kept: XLA would try to compile ringtrain's host callback"),
+    Mutant("reducer_shards_sum_where_average_was_asked", "ringtrain/reducer/reducer.py",
+           "            result = start(arrays[0], **kwargs)",
+           '            result = start(arrays[0], **{**kwargs, "op": "sum"})',
+           (Tests(("tests/parallel/test_reducer_ranks.py",), ranks=2),),
+           "a sharded optimizer's reducescatter buckets sum the ranks' gradients where op=Average was asked"),
 ]
 
 
