@@ -130,3 +130,14 @@ def test_discovery_reads_hosts_and_names_every_failure(tmp_path):
         run_discovery(script(tmp_path, "echo 'a b c'"), default_slots=1)
     with pytest.raises(DiscoveryError, match="failed"):
         run_discovery(os.path.join(str(tmp_path), "missing.sh"), default_slots=1)
+
+
+def test_the_driver_protocol_reassembles_messages_split_anywhere():
+    """TCP delivers bytes, not lines: a message split across reads, or several in one read, decode whole."""
+    from ringtrain.world.elastic_protocol import LineReader, encode
+    stream = encode("hello", worker="w1", pid=7) + encode("ready") + encode("port", port="tag#0$port=5$")
+    for cut in range(1, len(stream)):
+        reader = LineReader()
+        got = reader.feed(stream[:cut]) + reader.feed(stream[cut:])
+        assert got == [{"op": "hello", "worker": "w1", "pid": 7}, {"op": "ready"},
+                       {"op": "port", "port": "tag#0$port=5$"}], cut

@@ -3,6 +3,7 @@
 Every job runs under a hard timeout and is killed in `finally`, so a broken launcher fails these tests, never hangs them.
 """
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -245,3 +246,27 @@ def test_python_dash_m_ringtrain_is_the_launcher():
                           capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("usage: ringtrain-run -np N")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--min-np", "2"], "an elastic job needs -np"),
+    (["-np", "2", "--min-np", "3"], r"need 1 <= --min-np \(3\) <= -np \(2\) <= --max-np \(None\)"),
+    (["-np", "4", "--min-np", "2", "--max-np", "3"], r"-np \(4\) <= --max-np \(3\)"),
+    (["-np", "2", "--min-np", "0"], r"need 1 <= --min-np \(0\)"),
+    (["-np", "2", "--min-np", "1", "-H", "a:2", "--host-discovery-script", "/bin/true"], "not both"),
+    (["-np", "2", "--host-discovery-script", os.path.abspath(__file__)], "is not an executable file"),
+    (["-np", "2", "--min-np", "1", "--blacklist-cooldown-range", "5", "1"], "needs 0 <= MIN <= MAX"),
+])
+def test_elastic_flags_that_cannot_work_are_usage_errors(flags, message, capsys):
+    from ringtrain.launch.options import parse_args
+    with pytest.raises(SystemExit) as error:
+        parse_args(flags + ["python", "train.py"], prog="ringtrain-run")
+    assert error.value.code == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_elastic_flags_that_work_make_an_elastic_job():
+    from ringtrain.launch.options import parse_args
+    args = parse_args(["-np", "3", "--min-np", "2", "--max-np", "4", "python", "train.py"], prog="ringtrain-run")
+    assert args.elastic and args.command == ["python", "train.py"]
+    assert not parse_args(["-np", "3", "-H", "a:3", "python", "train.py"], prog="ringtrain-run").elastic

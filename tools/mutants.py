@@ -946,6 +946,21 @@ MUTANTS = [
            '            result = start(arrays[0], **{**kwargs, "op": "sum"})',
            (Tests(("tests/parallel/test_reducer_ranks.py",), ranks=2),),
            "a sharded optimizer's reducescatter buckets sum the ranks' gradients where op=Average was asked"),
+    Mutant("driver_protocol_drops_a_partial_line", "ringtrain/world/elastic_protocol.py",
+           "        self._pending = lines.pop()",
+           '        lines.pop()\n        self._pending = b""',
+           (Tests((ELASTIC_PIECES,), select="protocol"),),
+           "a message split across two reads of the driver's socket is lost"),
+    Mutant("elastic_min_np_above_np_accepted", "ringtrain/launch/options.py",
+           "    if not 1 <= min_np <= args.num_ranks or (args.max_np is not None and args.num_ranks > args.max_np):",
+           "    if min_np < 1 or (args.max_np is not None and not min_np <= args.num_ranks <= args.max_np):",
+           (Tests(("tests/test_launcher.py",), select="elastic_flags"),),
+           "--min-np above -np is accepted when --max-np is not given (the job could never start)"),
+    Mutant("torch_compression_casts_integer_gradients", "ringtrain/torch/compression.py",
+           "        return dtype.is_floating_point",
+           "        return True",
+           (Tests(("tests/test_torch_binding.py",), select="compression"),),
+           "fp16/bf16 compression casts integer tensors too"),
 ]
 
 

@@ -59,7 +59,7 @@ def _check_elastic_args(parser, args):
     if args.num_ranks is None:
         parser.error("an elastic job needs -np (the workers to start with)")
     min_np = args.min_np if args.min_np is not None else args.num_ranks
-    if min_np < 1 or (args.max_np is not None and not min_np <= args.num_ranks <= args.max_np):
+    if not 1 <= min_np <= args.num_ranks or (args.max_np is not None and args.num_ranks > args.max_np):
         parser.error(f"need 1 <= --min-np ({min_np}) <= -np ({args.num_ranks}) <= --max-np ({args.max_np})")
     if args.hosts and args.host_discovery_script:
         parser.error("give -H or --host-discovery-script, not both")
