@@ -16,15 +16,15 @@ from ringtrain.tensorflow import (  # noqa: F401
     RingtrainError, StallError, Sum, TensorMismatchError, UnsupportedDtypeError,
     add_process_set, allgather, allgather_object, allreduce, alltoall, barrier, broadcast, broadcast_,
     broadcast_global_variables, broadcast_object, broadcast_variables, ccl_built, cross_rank, cross_size, cuda_built,
-    ddl_built, global_process_set, gloo_built, gloo_enabled, grouped_allgather, grouped_allreduce, init,
-    is_initialized, join, local_rank, local_rank_op, local_size, local_size_op, mpi_built, mpi_enabled,
-    mpi_threads_supported, nccl_built, rank, rank_op, reducescatter, remove_process_set, rocm_built, shutdown, size,
-    size_op,
+    ddl_built, global_process_set, gloo_built, gloo_enabled, grouped_allgather, grouped_allreduce,
+    grouped_reducescatter, init, is_homogeneous, is_initialized, join, local_rank, local_rank_op, local_size,
+    local_size_op, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank, rank_op, reducescatter,
+    remove_process_set, rocm_built, shutdown, size, size_op, start_timeline, stop_timeline,
 )
 
 from . import callbacks  # noqa: F401
 from . import elastic  # noqa: F401  -- hvd.elastic
-from .optimizer import DistributedOptimizer  # noqa: F401
+from .optimizer import DistributedOptimizer, PartialDistributedOptimizer  # noqa: F401
 from .rank_zero import print0, rank_zero_only, verbose  # noqa: F401
 
 if not _keras.__version__.startswith("3."):

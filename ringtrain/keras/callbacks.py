@@ -37,9 +37,10 @@ class BroadcastGlobalVariablesCallback(_RingtrainCallback):
     """At the start of fit, make every rank's (of `process_set`'s) model and optimizer variables equal root_rank's.
     The optimizer is built first if it is not yet, so its state (Adam's moments, iterations) starts equal too."""
 
-    def __init__(self, root_rank=0, process_set=None):
+    def __init__(self, root_rank=0, local_variables=None, process_set=None):
         super().__init__()
         self.root_rank = root_rank
+        self.local_variables = {id(v) for v in (local_variables or [])}    # Horovod's: not broadcast
         self.process_set = _checked(process_set)
 
     def on_train_begin(self, logs=None):
@@ -50,6 +51,7 @@ class BroadcastGlobalVariablesCallback(_RingtrainCallback):
             if not optimizer.built:
                 optimizer.build(self.model.trainable_variables)
             variables += list(optimizer.variables)
+        variables = [v for v in variables if id(v) not in self.local_variables]
         functions.broadcast_variables(variables, self.root_rank, prefix="BroadcastGlobalVariablesCallback",
                                       process_set=self.process_set)
 

@@ -30,6 +30,7 @@ from ringtrain.reducer.reducer import Scaling, instance_prefix
 from ringtrain.tensorflow import functions
 from ringtrain.tensorflow.compression import Compression
 from ringtrain.tensorflow.functions import Average, variable_name
+from ringtrain.tensorflow.gradient_tape import scale_local
 from ringtrain.tensorflow.gradients import GradientReducer
 from ringtrain.reducer.wrapping import wrapper_class
 
@@ -53,6 +54,8 @@ class _KerasReducer:
     passes_per_step: int
     average_aggregated: bool
     accumulation: _Accumulation = None
+    local: frozenset = frozenset()      # PartialDistributedOptimizer: ids of variables whose gradients stay local
+    scale_local: bool = True
 
 
 class _DistributedOptimizerMixin:
@@ -93,12 +96,20 @@ class _DistributedOptimizerMixin:
         # a variable without a gradient on this rank still takes part, as zeros: every rank submits the same list
         grads = [tf.zeros_like(v) if g is None else g for g, v in zip(grads, variables)]
         if self._ringtrain.passes_per_step == 1:
-            return super().apply(self._rt_allreduce(grads), variables)
+            return super().apply(self._rt_allreduce(grads, variables), variables)
         return self._rt_accumulate_or_apply(grads, variables)
 
-    def _rt_allreduce(self, grads):
+    def _rt_allreduce(self, grads, variables):
         state = self._ringtrain
-        return state.reducer(grads, state.prefix)
+        if not state.local:
+            return state.reducer(grads, state.prefix)
+        is_local = [id(v) in state.local for v in variables]
+        shared = [i for i, local in enumerate(is_local) if not local]
+        out = list(grads)
+        if shared:
+            for i, grad in zip(shared, state.reducer([grads[i] for i in shared], state.prefix)):
+                out[i] = grad
+        return scale_local(out, is_local, state.reducer.process_set.size()) if state.scale_local else out
 
     def _rt_accumulate_or_apply(self, grads, variables):
         state = self._ringtrain
@@ -111,7 +122,7 @@ class _DistributedOptimizerMixin:
             total = [a.value if hasattr(a, "value") else a.read_value() for a in accumulators]
             if state.average_aggregated:
                 total = [t / tf.cast(state.passes_per_step, t.dtype) for t in total]
-            super(_DistributedOptimizerMixin, self).apply(self._rt_allreduce(total), variables)
+            super(_DistributedOptimizerMixin, self).apply(self._rt_allreduce(total, variables), variables)
             for accumulator in accumulators:
                 accumulator.assign(tf.zeros_like(accumulator))
             return tf.constant(True)
@@ -154,4 +165,23 @@ def DistributedOptimizer(optimizer, name=None, compression=Compression.none, spa
     wrapped = wrapper_class(_DistributedOptimizerMixin, optimizer.__class__).from_config(config)
     wrapped._ringtrain = _KerasReducer(instance_prefix("DistributedOptimizer", process_set), reducer,
                                        int(backward_passes_per_step), bool(average_aggregated_gradients))
+    return wrapped
+
+
+def PartialDistributedOptimizer(optimizer, name=None, compression=Compression.none, sparse_as_dense=False,
+                                backward_passes_per_step=1, average_aggregated_gradients=False, op=Average,
+                                gradient_predivide_factor: float = 1.0, bucket_cap_mb: float = 25, process_set=None,
+                                local_layers=None, scale_local_gradients=True):
+    """DistributedOptimizer whose gradients of the variables of `local_layers` (a Keras layer or a list of them)
+    stay local, not reduced over ranks (Horovod's); with scale_local_gradients (Horovod's default) they are divided
+    by the set's size, as the averaged ones are."""
+    wrapped = DistributedOptimizer(optimizer, name, compression, sparse_as_dense, backward_passes_per_step,
+                                   average_aggregated_gradients, op, gradient_predivide_factor, bucket_cap_mb,
+                                   process_set)
+    if local_layers is None:
+        local_layers = []
+    elif not isinstance(local_layers, (list, tuple)):
+        local_layers = [local_layers]
+    wrapped._ringtrain.local = frozenset(id(v) for layer in local_layers for v in layer.trainable_weights)
+    wrapped._ringtrain.scale_local = bool(scale_local_gradients)
     return wrapped

@@ -22,11 +22,14 @@ from ringtrain.errors import (RankFailureError, RingtrainError, StallError, Tens
 from .compression import Compression  # noqa: F401
 from .functions import (  # noqa: F401
     Average, Max, Min, Product, ProcessSet, ReduceOp, Sum,
-    add_process_set, allgather, allgather_object, allreduce, alltoall, barrier, broadcast, broadcast_,
-    broadcast_global_variables, broadcast_object, broadcast_variables, ccl_built, cross_rank, cross_size, cuda_built,
-    ddl_built, global_process_set, gloo_built, gloo_enabled, grouped_allgather, grouped_allreduce, init,
-    is_initialized, join, local_rank, local_rank_op, local_size, local_size_op, mpi_built, mpi_enabled,
-    mpi_threads_supported, nccl_built, rank, rank_op, reducescatter, remove_process_set, rocm_built, shutdown, size,
-    size_op,
+    BroadcastGlobalVariablesHook, add_process_set, allgather, allgather_object, allreduce, alltoall, barrier,
+    broadcast, broadcast_, broadcast_global_variables, broadcast_object, broadcast_object_fn, broadcast_variables,
+    ccl_built, cross_rank, cross_size, cuda_built, ddl_built, global_process_set, gloo_built, gloo_enabled,
+    grouped_allgather, grouped_allreduce, grouped_reducescatter, init, is_homogeneous, is_initialized, join,
+    local_rank, local_rank_op, local_size, local_size_op, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built,
+    process_set_included_op, rank, rank_op, reducescatter, remove_process_set, rocm_built, shutdown, size, size_op,
+    start_timeline, stop_timeline,
 )
-from .gradient_tape import DistributedGradientTape  # noqa: F401
+from . import mpi_ops  # noqa: F401  -- horovod.tensorflow.mpi_ops
+from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape  # noqa: F401
+from .optimizer import DistributedOptimizer  # noqa: F401

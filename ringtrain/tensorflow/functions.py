@@ -40,6 +40,7 @@ from ringtrain.core.build_info import (ccl_built, cuda_built, ddl_built, gloo_bu
 # lifecycle, topology, control and object collectives need no tensors: the core's own functions, re-exported under
 # Horovod's names (broadcast_object / allgather_object use pickle: trusted peers only)
 from ringtrain.core.collectives import allgather_object, barrier, broadcast_object, join  # noqa: F401
+from ringtrain.core.state import is_homogeneous, start_timeline, stop_timeline  # noqa: F401  (re-exported)
 from ringtrain.core.state import (cross_rank, cross_size, init, is_initialized, local_rank,  # noqa: F401
                                   local_size, rank, shutdown, size)
 from ringtrain.ops import Average, Max, Min, Product, ReduceOp, Sum, as_op  # noqa: F401  (re-exported)
@@ -375,9 +376,10 @@ def _reducescatter_rows(rows, rank_, size_):
     return rows // size_ + (1 if rank_ < rows % size_ else 0)
 
 
-def _reducescatter_raw(tensor, op, name, process_set):
+def _reducescatter_raw(tensor, op, name, process_set, prescale_factor=1.0, postscale_factor=1.0):
     def run(x):
-        return [collectives.reducescatter(as_host_array(x), op=op, name=name, process_set=process_set)]
+        return [collectives.reducescatter(as_host_array(x), op=op, name=name, process_set=process_set,
+                                          prescale_factor=prescale_factor, postscale_factor=postscale_factor)]
     shape = tensor.shape
     if shape.rank and shape[0] is not None:
         rows = _reducescatter_rows(shape[0], process_set.rank(), process_set.size())
@@ -388,8 +390,11 @@ def _reducescatter_raw(tensor, op, name, process_set):
 
 
 @_no_autograph
-def reducescatter(tensor, op=Average, name: "str | None" = None, process_set=global_process_set) -> tf.Tensor:
-    """Reduce over ranks and keep this rank's block of dim 0 (first blocks larger when it does not divide)."""
+def reducescatter(tensor, op=Average, name: "str | None" = None, process_set=global_process_set,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> tf.Tensor:
+    """Reduce over ranks and keep this rank's block of dim 0 (first blocks larger when it does not divide). The
+    input is multiplied by prescale_factor before the sum (integers in float64, truncated back, as Horovod) and the
+    result by postscale_factor."""
     op = as_op(op)
     tensor = tf.convert_to_tensor(tensor)
     if tensor.shape.rank == 0:
@@ -398,12 +403,58 @@ def reducescatter(tensor, op=Average, name: "str | None" = None, process_set=glo
 
     @tf.custom_gradient
     def scatter(x):
-        y = _reducescatter_raw(x, op, name, process_set)
+        y = _reducescatter_raw(x, op, name, process_set, prescale_factor, postscale_factor)
 
         def grad(dy):
-            return _backward("reducescatter", [dy], [y], [name], op=op, process_set=process_set)[0]
+            return _backward("reducescatter", [dy], [y], [name], op=op, prescale_factor=prescale_factor,
+                             postscale_factor=postscale_factor, process_set=process_set)[0]
         return y, grad
     return scatter(tensor)
+
+
+@_no_autograph
+def grouped_reducescatter(tensors, op=Average, name: "str | None" = None, process_set=global_process_set,
+                          prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list:
+    """reducescatter of each tensor of a list (Horovod's grouped_reducescatter); differentiable. Returns a list."""
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    if not tensors:
+        raise ValueError("grouped_reducescatter needs at least one tensor")
+    base = _auto_name("grouped_reducescatter", name, tensors[0], process_set)
+    return [reducescatter(t, op, f"{base}.{i}", process_set, prescale_factor, postscale_factor)
+            for i, t in enumerate(tensors)]
+
+
+def broadcast_object_fn(root_rank: int = 0, session=None, name: "str | None" = None,
+                        process_set=global_process_set):
+    """Horovod's factory: a function obj -> root_rank's obj (pickle: trusted peers only). `session` (TF1) is
+    accepted and not needed."""
+    def broadcast_fn(obj):
+        return broadcast_object(obj, root_rank, name=name, process_set=process_set)
+    return broadcast_fn
+
+
+def process_set_included_op(process_set_id: int = 0, name: "str | None" = None) -> tf.Tensor:
+    """1 (int32 scalar tensor) when this rank belongs to process set `process_set_id`, else 0."""
+    return tf.constant(1 if _process_set(process_set_id).included() else 0, dtype=tf.int32, name=name)
+
+
+class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
+    """Horovod's TF1 hook: after a tf.compat.v1 MonitoredSession is created, broadcast every global variable from
+    root_rank (so all ranks start equal). `device` is accepted and ignored."""
+
+    def __init__(self, root_rank: int = 0, device: str = "", process_set=global_process_set):
+        super().__init__()
+        self.root_rank = root_rank
+        self.process_set = process_set
+        self.bcast_op = None
+
+    def begin(self):
+        if self.bcast_op is None or self.bcast_op.graph != tf.compat.v1.get_default_graph():
+            self.bcast_op = broadcast_variables(tf.compat.v1.global_variables(), self.root_rank,
+                                                prefix="BroadcastGlobalVariablesHook", process_set=self.process_set)
+
+    def after_create_session(self, session, coord):
+        session.run(self.bcast_op)
 
 
 # ---------------------------------------------------------------- topology as tensors (Horovod's *_op)

@@ -1,0 +1,148 @@
+"""Horovod's remaining TensorFlow / Keras names, each with Horovod's behaviour against a numpy reference:
+hvd.DistributedOptimizer on a Keras optimizer, PartialDistributedGradientTape, keras PartialDistributedOptimizer,
+reducescatter's scale factors, grouped_reducescatter, broadcast_object_fn, process_set_included_op,
+BroadcastGlobalVariablesHook, BroadcastGlobalVariablesCallback(local_variables=), timelines, mpi_ops faces."""
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import ringtrain.keras as hvd_keras
+import ringtrain.tensorflow as hvd
+from ringtrain.errors import UnsupportedOperationError
+
+
+def mean_rank_plus_one():
+    return np.mean([k + 1.0 for k in range(hvd.size())])
+
+
+@pytest.mark.mpi(min_size=2)
+def test_tensorflow_distributed_optimizer_hands_keras_optimizers_to_the_keras_binding():
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(learning_rate=1.0))
+    assert isinstance(optimizer, keras.optimizers.SGD)
+    variable = keras.Variable(np.zeros(3, np.float32))
+    optimizer.apply([tf.fill([3], float(hvd.rank() + 1))], [variable])
+    np.testing.assert_allclose(variable.numpy(), -mean_rank_plus_one() * np.ones(3))
+    with pytest.raises(UnsupportedOperationError, match="DistributedGradientTape"):
+        hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("scale", [True, False])
+def test_partial_distributed_gradient_tape_keeps_local_gradients(scale):
+    n, r = hvd.size(), hvd.rank()
+    shared = keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")
+    local = keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")
+    x = tf.fill([1, 2], float(r + 1))
+    shared(x), local(x)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(shared(x)) + 2.0 * tf.reduce_sum(local(x))
+    tape = hvd.PartialDistributedGradientTape(tape, local_layers=local, scale_local_gradients=scale)
+    g_shared, g_local = tape.gradient(loss, [shared.kernel, local.kernel])
+    np.testing.assert_allclose(g_shared.numpy(), mean_rank_plus_one() * np.ones((2, 1)))
+    np.testing.assert_allclose(g_local.numpy(), 2.0 * (r + 1) / (n if scale else 1) * np.ones((2, 1)))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_keras_partial_distributed_optimizer_keeps_local_gradients():
+    n, r = hvd.size(), hvd.rank()
+    shared = keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")
+    local = keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")
+    shared.build((None, 2)), local.build((None, 2))
+    optimizer = hvd_keras.PartialDistributedOptimizer(keras.optimizers.SGD(learning_rate=1.0), local_layers=[local])
+    grads = [tf.fill([2, 1], float(r + 1)), tf.fill([2, 1], float(r + 1))]
+    optimizer.apply(grads, [shared.kernel, local.kernel])
+    np.testing.assert_allclose(shared.kernel.numpy(), -mean_rank_plus_one() * np.ones((2, 1)))
+    np.testing.assert_allclose(local.kernel.numpy(), -(r + 1.0) / n * np.ones((2, 1)))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_reducescatter_scale_factors_and_grouped_reducescatter(mode):
+    n, r = hvd.size(), hvd.rank()
+    rows = 2 * n + 1
+    everyone = [np.arange(rows * 2, dtype=np.float64).reshape(rows, 2) + 10 * k for k in range(n)]
+    sizes = [rows // n + (1 if k < rows % n else 0) for k in range(n)]
+    start = sum(sizes[:r])
+    total = np.sum(everyone, axis=0)[start:start + sizes[r]]
+
+    def both(x):
+        one = hvd.reducescatter(x, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0, name=f"names.rs.{mode}")
+        group = hvd.grouped_reducescatter([x, 2 * x], op=hvd.Sum, name=f"names.grs.{mode}")
+        return one, group
+    fn = both if mode == "eager" else tf.function(both)
+    one, group = fn(tf.constant(everyone[r]))
+    np.testing.assert_allclose(one.numpy(), 1.5 * total)
+    np.testing.assert_allclose(group[0].numpy(), total)
+    np.testing.assert_allclose(group[1].numpy(), 2 * total)
+    with tf.GradientTape() as tape:
+        x = tf.constant(everyone[r])
+        tape.watch(x)
+        y = hvd.reducescatter(x, op=hvd.Sum, prescale_factor=0.5, name=f"names.rs.grad.{mode}")
+    # Horovod's rule: allgather of the gradient times the set's size for Sum, times the prescale factor
+    np.testing.assert_allclose(tape.gradient(y, x).numpy(), 0.5 * n * np.ones((rows, 2)))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_broadcast_object_fn_and_process_set_included_op():
+    r = hvd.rank()
+    fn = hvd.broadcast_object_fn(root_rank=hvd.size() - 1, name="names.bofn")
+    assert fn({"from": r}) == {"from": hvd.size() - 1}
+    assert int(hvd.process_set_included_op(0)) == 1
+    first = hvd.add_process_set([0])
+    try:
+        assert int(hvd.process_set_included_op(first.process_set_id)) == (1 if r == 0 else 0)
+    finally:
+        hvd.remove_process_set(first)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_broadcast_global_variables_hook():
+    graph = tf.Graph()
+    with graph.as_default():
+        variable = tf.compat.v1.get_variable("hooked", initializer=tf.constant([float(hvd.rank() + 5)] * 3))
+        hook = hvd.BroadcastGlobalVariablesHook(root_rank=1)
+        with tf.compat.v1.train.MonitoredSession(hooks=[hook]) as session:
+            np.testing.assert_allclose(session.run(variable), [6.0] * 3)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_broadcast_callback_leaves_local_variables_alone():
+    r = hvd.rank()
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.layers[0].kernel.assign(np.full((2, 1), float(r), np.float32))
+    model.layers[0].bias.assign(np.full((1,), float(r), np.float32))
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    callback = hvd_keras.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=[model.layers[0].bias])
+    callback.set_model(model)
+    callback.on_train_begin()
+    np.testing.assert_allclose(model.layers[0].kernel.numpy(), np.zeros((2, 1)))
+    np.testing.assert_allclose(model.layers[0].bias.numpy(), [float(r)])
+
+
+@pytest.mark.mpi(min_size=2)
+def test_timelines_and_topology_names(tmp_path_factory):
+    assert hvd.is_homogeneous() in (True, False) and hvd_keras.is_homogeneous is hvd.is_homogeneous
+    path = os.path.join(str(tmp_path_factory.mktemp("timeline")), "timeline.json")
+    path = hvd.broadcast_object(path, 0, name="names.timeline.path")
+    hvd_keras.start_timeline(path)
+    hvd.allreduce(tf.ones([4]), name="names.timeline.allreduce")
+    hvd.stop_timeline()
+    if hvd.rank() == 0:
+        with open(path, encoding="utf-8") as f:
+            events = json.load(f)
+        assert "names.timeline.allreduce" in json.dumps(events["traceEvents"])
+
+
+def test_mpi_ops_faces_are_the_same_objects():
+    import ringtrain.tensorflow.mpi_ops as tf_mpi_ops
+    import ringtrain.torch as hvd_torch
+    import ringtrain.torch.mpi_ops as torch_mpi_ops
+    for name in ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "grouped_reducescatter",
+                 "size_op", "process_set_included_op", "start_timeline", "init", "rank"):
+        assert getattr(tf_mpi_ops, name) is getattr(hvd, name), name
+    for name in ("allreduce_async", "synchronize", "poll", "grouped_allreduce", "reducescatter", "join", "size"):
+        assert getattr(torch_mpi_ops, name) is getattr(hvd_torch, name), name
