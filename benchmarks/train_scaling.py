@@ -305,7 +305,7 @@ def train_mode(mode, model_name, width, args, torch, comm, inputs, labels, bindi
     import numpy as np
     from mpi4py import MPI
 
-    from ringtrain.torch.optimizer import default_overlap
+    from ringtrain.torch.gradient_hooks import default_overlap
 
     if mode == "horovod":
         hvd.init()   # its background thread runs for Horovod's own rounds only
