@@ -51,6 +51,11 @@ def available():
     return _available
 
 
+def choose_device(index, device_count):
+    """The device a process with this index (local rank, or elastic slot) takes: index % device_count."""
+    return int(index) % device_count
+
+
 def bind(local_rank):
     """Make device local_rank % device_count current for this thread (and the engine's); return its id,
     or None when no GPU is available."""
@@ -58,7 +63,7 @@ def bind(local_rank):
     if not available():
         return None
     import cupy
-    device = int(local_rank) % cupy.cuda.runtime.getDeviceCount()
+    device = choose_device(local_rank, cupy.cuda.runtime.getDeviceCount())
     cupy.cuda.Device(device).use()
     _bound = device
     return device

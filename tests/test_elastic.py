@@ -285,13 +285,19 @@ def replay(history, make_model_and_data):
 def test_after_a_kill_the_state_equals_a_one_process_replay_of_the_committed_steps():
     """op=Average with momentum: after a worker is SIGKILLed and the survivors roll back and finish, the parameters
     and momentum buffers equal a one-process replay of the steps the committed trajectory took (each with its own
-    world size as the divisor), and those steps trained every sample exactly once."""
+    world size as the divisor), and those steps trained every sample exactly once. Each worker picks its GPU by
+    its slot (checked with a pretend device count of 2)."""
     import json
 
     import numpy as np
     job = run_elastic("-np", "3", "--min-np", "2", script="train_reference.py", KILL_RANK=1, KILL_STEP=3)
     assert job.returncode == 0, job
     assert "rank 1: KILLED" in job.output and "world 2: 2 workers" in job.output, job
+    first_world = {int(r): (int(s), int(d)) for r, s, d in
+                   re.findall(r"^rank (\d+): GPU slot=(\d+) device_of_2=(\d+)$", job.output, re.M)[:3]}
+    assert sorted(first_world) == [0, 1, 2], job
+    assert sorted(s for s, _ in first_world.values()) == [0, 1, 2], job           # one slot each on localhost
+    assert all(d == s % 2 for s, d in first_world.values()), job                  # GPU = slot % device count
     [line] = re.findall(r"^rank 0: REFERENCE (.*)$", job.output, re.M)
     final = json.loads(line)
     history = final["history"]

@@ -141,3 +141,18 @@ def test_the_driver_protocol_reassembles_messages_split_anywhere():
         got = reader.feed(stream[:cut]) + reader.feed(stream[cut:])
         assert got == [{"op": "hello", "worker": "w1", "pid": 7}, {"op": "ready"},
                        {"op": "port", "port": "tag#0$port=5$"}], cut
+
+
+def test_an_elastic_worker_binds_the_gpu_of_its_slot_whatever_its_local_rank():
+    from ringtrain import gpu
+    from ringtrain.core import state as core_state
+    from ringtrain.world import elastic_worker
+    elastic = {"RINGTRAIN_ELASTIC_DRIVER": "127.0.0.1:9", "RINGTRAIN_ELASTIC_SLOT": "3"}
+    assert elastic_worker.slot(elastic) == 3
+    assert elastic_worker.slot({"RINGTRAIN_ELASTIC_SLOT": "3"}) is None          # not an elastic worker
+    assert elastic_worker.slot({"RINGTRAIN_ELASTIC_DRIVER": "127.0.0.1:9"}) is None
+    with mock.patch.dict(os.environ, elastic):
+        assert core_state.gpu_index(local_rank=0) == 3
+        assert [gpu.choose_device(core_state.gpu_index(0), n) for n in (1, 2, 4, 8)] == [0, 1, 3, 3]
+    with mock.patch.dict(os.environ, {}, clear=True):
+        assert core_state.gpu_index(local_rank=5) == 5 and gpu.choose_device(5, 4) == 1

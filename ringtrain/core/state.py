@@ -38,7 +38,7 @@ def init(comm=None, process_sets: "list | None" = None, **config_overrides) -> N
             from ..world.join import launched_world
             comm = launched_world(MPI.COMM_WORLD, config)     # MPI's world, a joined one, or a LaunchError
         topology = Topology(comm, config.simulate_nodes)
-        gpu_id = _bind_gpu(topology.local_rank)
+        gpu_id = _bind_gpu(gpu_index(topology.local_rank))
         engine = Engine(topology, config)
         _state = (topology, engine, config, gpu_id)
         names.reset()
@@ -61,6 +61,13 @@ def _add_process_set(process_set, world, config):
     if ranks is None:
         ranks = set_registry._world_ranks_of(process_set.mpi_comm, world)
     set_registry.create(process_set, world.allgather(ranks), world, config)
+
+
+def gpu_index(local_rank):
+    """Which GPU this process binds, before `% device_count`: its slot in an elastic job, else its local rank."""
+    from ..world import elastic_worker
+    slot = elastic_worker.slot()
+    return local_rank if slot is None else slot
 
 
 def _bind_gpu(local_rank):

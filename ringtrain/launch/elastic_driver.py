@@ -28,7 +28,8 @@ import sys
 import time
 
 from .hosts import Blacklist, DiscoveryError, free_slots, parse_hosts, run_discovery
-from ..world.elastic_protocol import DRIVER_VARIABLE, HOST_VARIABLE, WORKER_VARIABLE, LineReader, encode
+from ..world.elastic_protocol import (DRIVER_VARIABLE, HOST_VARIABLE, SLOT_VARIABLE, WORKER_VARIABLE, LineReader,
+                                     encode)
 from .child import die_with_parent
 
 PROG = "ringtrain-run"
@@ -175,7 +176,8 @@ class ElasticDriver:
         # calls, so the engine's waits probe MPI in elastic worlds (CoordinatorAgreement.progress).
         env.setdefault("MPIR_CVAR_CH4_NETMOD", "ofi")
         env.update({DRIVER_VARIABLE: f"{'127.0.0.1' if is_local(host) else _address()}:{self.port}",
-                    WORKER_VARIABLE: worker_id, HOST_VARIABLE: host, "RINGTRAIN_ELASTIC": "1",
+                    WORKER_VARIABLE: worker_id, HOST_VARIABLE: host, SLOT_VARIABLE: str(slot),
+                    "RINGTRAIN_ELASTIC": "1",
                     "HOROVOD_HOSTNAME": host, "HOROVOD_LOCAL_RANK": str(slot)})
         cmd = [self.mpiexec, "-n", "1"] + ([] if is_local(host) else ["-hosts", host]) + self.command
         process = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=die_with_parent)

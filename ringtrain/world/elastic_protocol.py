@@ -13,7 +13,8 @@ driver -> worker   {"op": "world", "rank": r, "size": n, "generation": g}    you
                    {"op": "hosts_updated", "seq": k, "generation": g, "added": bool,
                                                                     "removed": bool}    (about world g)
 
-Environment the driver gives each worker: DRIVER_VARIABLE (host:port), WORKER_VARIABLE (its id) and HOST_VARIABLE.
+Environment the driver gives each worker: DRIVER_VARIABLE (host:port), WORKER_VARIABLE (its id), HOST_VARIABLE and
+SLOT_VARIABLE (its slot on that host: which GPU it binds, the same in every world).
 Standard library only: the driver runs in the launcher, which must not start MPI.
 """
 import json
@@ -21,6 +22,7 @@ import json
 DRIVER_VARIABLE = "RINGTRAIN_ELASTIC_DRIVER"
 WORKER_VARIABLE = "RINGTRAIN_ELASTIC_WORKER"
 HOST_VARIABLE = "RINGTRAIN_ELASTIC_HOST"
+SLOT_VARIABLE = "RINGTRAIN_ELASTIC_SLOT"
 
 
 def encode(op, **fields):

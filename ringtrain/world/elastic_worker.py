@@ -24,7 +24,7 @@ import traceback
 from ..errors import RankFailureError
 from ..engine.watchdog import abort_all
 from ..errors import ElasticError
-from .elastic_protocol import DRIVER_VARIABLE, WORKER_VARIABLE, LineReader, encode
+from .elastic_protocol import DRIVER_VARIABLE, SLOT_VARIABLE, WORKER_VARIABLE, LineReader, encode
 
 _client = None
 _client_lock = threading.Lock()
@@ -32,6 +32,14 @@ _client_lock = threading.Lock()
 
 def enabled(environ=os.environ):
     return bool(environ.get(DRIVER_VARIABLE))
+
+
+def slot(environ=os.environ):
+    """This elastic worker's slot on its host (None outside an elastic job). Its GPU is chosen by slot, not by
+    local rank: every worker starts as a launch of its own, and its place in a world changes from world to world,
+    while its slot -- and the GPU it holds memory on -- does not."""
+    value = environ.get(SLOT_VARIABLE)
+    return int(value) if enabled(environ) and value is not None else None
 
 
 class DriverClient:

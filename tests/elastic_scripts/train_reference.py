@@ -10,7 +10,8 @@ or an Average over the wrong number of ranks, shows as a difference.
 
 Environment: KILL_RANK=r KILL_STEP=s: in the first world, rank r SIGKILLs itself as step s begins (a commit follows
 every odd step, so with s odd the survivors hold one uncommitted step that the roll-back must undo).
-Lines: "rank r: FINAL size=n" on every rank; rank 0 also prints "rank 0: REFERENCE <json>".
+Lines: "rank r: GPU slot=s device_of_2=d" at start (the GPU this worker binds on a host with 2 devices: by its
+slot, which does not change from world to world), "rank r: FINAL size=n" on every rank; rank 0 also prints "rank 0: REFERENCE <json>".
 """
 import json
 import os
@@ -19,6 +20,9 @@ import time
 import torch
 
 import ringtrain.torch as hvd
+from ringtrain import gpu
+from ringtrain.core import state as core_state
+from ringtrain.world import elastic_worker
 
 torch.set_num_threads(1)
 N, BATCH, FEATURES = 60, 3, 3
@@ -54,6 +58,10 @@ state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, histo
 
 def say(text):
     os.write(1, f"rank {hvd.rank()}: {text}\n".encode())     # one write: the workers share one pipe
+
+
+say(f"GPU slot={elastic_worker.slot()} "
+    f"device_of_2={gpu.choose_device(core_state.gpu_index(hvd.local_rank()), 2)}")
 
 
 @hvd.elastic.run
