@@ -45,7 +45,7 @@ from ringtrain.core.state import (cross_rank, cross_size, init, is_initialized, 
                                   local_size, rank, shutdown, size)
 from ringtrain.ops import Average, Max, Min, Product, ReduceOp, Sum, as_op  # noqa: F401  (re-exported)
 from ringtrain.ops import resolve_op
-from ringtrain.errors import TensorMismatchError
+from ringtrain.errors import TensorMismatchError, UnsupportedOperationError
 from ringtrain.core.process_sets import (ProcessSet, add_process_set, global_process_set,  # noqa: F401  (re-exported)
                                     process_sets, remove_process_set, route)
 
@@ -189,8 +189,9 @@ def _allreduce_differentiable(tensors, names, op, prescale_factor, postscale_fac
 def _allreduce_indexed_slices(slices, name, op, process_set):
     """A sparse gradient: gather every rank's (values, indices) instead of densifying; Average divides by the size.
     dense_shape may be None (tf.IndexedSlices(values, indices)), as in Horovod: it is kept as it is."""
-    if op not in (Average, Sum):
-        raise ValueError(f"allreduce of tf.IndexedSlices supports op=Average or Sum, got {op.name}")
+    if op not in (Average, Sum):      # Horovod's NotImplementedError
+        raise UnsupportedOperationError(f"allreduce of tf.IndexedSlices supports op=Average or Sum, got {op.name}; "
+                                        "densify it with tf.convert_to_tensor for other ops")
     values = allgather(slices.values, name=name + ".values", process_set=process_set)
     indices = allgather(slices.indices, name=name + ".indices", process_set=process_set)
     if op == Average:

@@ -146,3 +146,12 @@ def test_mpi_ops_faces_are_the_same_objects():
         assert getattr(tf_mpi_ops, name) is getattr(hvd, name), name
     for name in ("allreduce_async", "synchronize", "poll", "grouped_allreduce", "reducescatter", "join", "size"):
         assert getattr(torch_mpi_ops, name) is getattr(hvd_torch, name), name
+
+
+@pytest.mark.mpi(min_size=2)
+def test_indexed_slices_with_another_op_is_not_implemented_as_in_horovod():
+    slices = tf.IndexedSlices(tf.ones([2, 3]), tf.constant([0, 2]), dense_shape=tf.constant([4, 3]))
+    with pytest.raises(NotImplementedError, match="op=Average or Sum"):
+        hvd.allreduce(slices, op=hvd.Max, name="names.slices.max")
+    summed = hvd.allreduce(slices, op=hvd.Sum, name="names.slices.sum")
+    assert summed.values.shape[0] == 2 * hvd.size()
