@@ -1,4 +1,5 @@
-"""XLA and host callbacks: ringtrain's collectives are host callbacks (tf.numpy_function), which XLA cannot compile.
+"""XLA and host callbacks: ringtrain's collectives are host ops (an asynchronous op calling into Python), which XLA
+cannot compile.
 
 Keras 3 resolves model.compile(jit_compile="auto") to False on machines whose only devices are CPUs (measured
 here: a tf.numpy_function inside fit then just works), but to True on a GPU machine when every layer supports XLA.
