@@ -32,8 +32,9 @@ REPO = dc.REPO
 RESULTS = dc.RESULTS
 DOC_PAGES = sorted(p for p in glob.glob(os.path.join(REPO, "docs", "**", "*.md"), recursive=True)
                    if os.sep + "results" + os.sep not in p)
-USER_PAGES = [os.path.join(REPO, "README.md"), os.path.join(REPO, "examples", "README.md"),
-              os.path.join(RESULTS, "README.md")] + DOC_PAGES
+USER_PAGES = [p for p in [os.path.join(REPO, "README.md"), os.path.join(REPO, "examples", "README.md"),
+                           os.path.join(RESULTS, "README.md")] + DOC_PAGES
+              if os.path.exists(p)]       # (tools/mutants.py's copies leave benchmarks/results/ out)
 rel = lambda p: os.path.relpath(p, REPO)   # noqa: E731
 
 

@@ -961,6 +961,21 @@ MUTANTS = [
            "        return True",
            (Tests(("tests/test_torch_binding.py",), select="compression"),),
            "fp16/bf16 compression casts integer tensors too"),
+    # the docs: a page that contradicts the code fails tests/test_docs_truth.py
+    Mutant("docs_tensorflow_claims_sync_batch_normalization", "docs/porting/horovod.md",
+           "`ringtrain.tensorflow` keeps Horovod's names: `DistributedGradientTape`,",
+           "`ringtrain.tensorflow` keeps Horovod's names: `SyncBatchNormalization`, `DistributedGradientTape`,",
+           (Tests(("tests/test_docs_truth.py",), select="porting_tables and horovod"),),
+           "the porting page says ringtrain.tensorflow keeps a name it does not have"),
+    Mutant("docs_h_flag_makes_a_job_elastic", "docs/guides/launching.md",
+           "- Any of `--min-np`, `--max-np` or `--host-discovery-script` makes the job elastic;",
+           "- Any of `--min-np`, `--max-np`, `-H` or `--host-discovery-script` makes the job elastic;",
+           (Tests(("tests/test_docs_truth.py",), select="makes_a_job_elastic"),),
+           "the launching guide says -H makes a job elastic; parse_args does not"),
+    Mutant("docs_tensorflow_version_below_setup", "docs/versions.md",
+           "| TensorFlow >= 2.21 |", "| TensorFlow >= 2.16 |",
+           (Tests(("tests/test_docs_truth.py",), select="version_claims and versions"),),
+           "the supported-versions page claims an older TensorFlow than setup.py requires"),
 ]
 
 
