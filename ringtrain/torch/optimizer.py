@@ -151,7 +151,7 @@ class _OutsideTheSet:
     def is_synchronized(self):
         return False
 
-    def reopen(self):
+    def prepare_for_backward(self):
         pass
 
     def set_passes_per_step(self, passes):
