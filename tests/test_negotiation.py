@@ -85,7 +85,8 @@ def test_stall_warns_then_fails_naming_missing_ranks():
     assert fatal is None and "still missing on rank 1" in warnings[0]
     now[0] = 2.5
     warnings, fatal = c.check_stalls()
-    assert warnings == [] and "not by rank 1" in fatal
+    assert warnings == [] and "not by rank 1" in fatal.message
+    assert fatal.names == ("s",) and fatal.error == "StallError" and not c.pending     # dropped from the book
 
 
 def test_joined_rank_counts_as_ready_for_allreduce_only():
@@ -152,8 +153,31 @@ def test_a_fatal_stall_names_every_name_waiting_past_the_warning():
     c.submit(1, [("grad.b", meta())])
     now[0] = 2.1                      # grad.a is past the 2 s timeout, grad.b (1.9 s) only past the warning
     _, fatal = c.check_stalls()
-    assert "'grad.a' was submitted by rank 0 but not by rank 1" in fatal
-    assert "'grad.b' was submitted by rank 1 but not by rank 0" in fatal
+    assert "'grad.a' was submitted by rank 0 but not by rank 1" in fatal.message
+    assert "'grad.b' was submitted by rank 1 but not by rank 0" in fatal.message
+    # the oldest side ends now; the other side's name waits a full timeout more (its ranks may have skipped
+    # grad.a, and then grad.b is their next call, which rank 0 makes next), then ends the same way
+    assert fatal.names == ("grad.a",) and list(c.pending) == ["grad.b"]
+    now[0] = 3.0
+    c.submit(0, [("grad.b", meta())])
+    assert [a.names for a in c.plan()] == [("grad.b",)]
+    c.submit(1, [("grad.c", meta())])
+    now[0] = 4.0
+    assert c.check_stalls()[1] is None
+    now[0] = 5.1
+    _, fatal = c.check_stalls()
+    assert fatal.names == ("grad.c",) and "'grad.c' was submitted by rank 1 but not by rank 0" in fatal.message
+
+
+def test_a_stall_message_names_tensors_when_the_timeout_is_below_the_warning():
+    now = [0.0]
+    c = make(size=2, clock=lambda: now[0])
+    c.stall_warning_s, c.stall_timeout_s = 60.0, 2.0
+    c.submit(0, [("tf.allgather.7", meta())])
+    now[0] = 2.5
+    _, fatal = c.check_stalls()
+    assert "tensor 'tf.allgather.7' was submitted by rank 0 but not by rank 1" in fatal.message, fatal
+    assert fatal.names == ("tf.allgather.7",)
 
 
 def _run(c, name, m=None, ranks=(0, 1)):

@@ -70,6 +70,7 @@ JAX_GRADIENTS = "tests/parallel_jax/test_jax_gradients.py"
 JAX_OPTIMIZER = "tests/parallel_jax/test_jax_optimizer.py"
 CHURN = "tests/parallel/test_name_churn.py"
 SOAK = "tests/parallel/test_soak.py"
+API_FORMS = "tests/parallel/test_api_forms.py"
 SHARDED = "tests/parallel/test_sharded_optimizer.py"
 
 BENCHMARKS = "tests/test_benchmarks.py"
@@ -976,6 +977,52 @@ MUTANTS = [
            "| TensorFlow >= 2.21 |", "| TensorFlow >= 2.16 |",
            (Tests(("tests/test_docs_truth.py",), select="version_claims and versions"),),
            "the supported-versions page claims an older TensorFlow than setup.py requires"),
+    Mutant("unnamed_calls_get_fresh_names", "ringtrain/core/names.py",
+           'return f"{kind}.noname.{n % UNNAMED_SLOTS}"',
+           'return f"{kind}.noname.{n}"',
+           (Tests((API_FORMS,), ranks=2, select="express"),),
+           "every unnamed call a new name: the response cache never hits and no unnamed call is express"),
+    Mutant("unnamed_slot_reused_while_in_flight", "ringtrain/engine/engine.py",
+           "        if not self.submitted_names:\n            return\n        dotted = name",
+           "        if True:\n            return\n        dotted = name",
+           (Tests((API_FORMS,), ranks=2, select="slots"),),
+           "an unnamed slot's name is taken again while its earlier async collective is still in flight"),
+    Mutant("deferred_async_waits_for_its_wait", "ringtrain/engine/engine.py",
+           "        if self._deferred is not None:\n            self._flush_deferred()\n        busy = self._take_submissions()",
+           "        busy = self._take_submissions()",
+           (Tests((API_FORMS,), ranks=2, select="never_waited"),),
+           "a held-back async allreduce starts only at its own wait: a peer waits as long as this rank computes"),
+    Mutant("polled_async_never_starts", "ringtrain/engine/engine.py",
+           "        if self._deferred is None:\n            return\n        with self._state_lock:\n"
+           "            request, self._deferred",
+           "        if True:\n            return\n        with self._state_lock:\n"
+           "            request, self._deferred",
+           (Tests((API_FORMS,), ranks=2, select="never_waited"),),
+           "a held-back async allreduce is never handed to the engine: only its own wait() runs it"),
+    Mutant("express_ignores_the_prescale", "ringtrain/engine/model.py",
+           'return meta.kind == "allreduce" and meta.device == "cpu" and meta.scales[0] == 1.0',
+           'return meta.kind == "allreduce" and meta.device == "cpu"',
+           (Tests(("tests/parallel/test_collectives.py",), ranks=2),),
+           "the one fast-path rule lets a prescaled allreduce through; the express paths cannot apply it"),
+    Mutant("stall_leftovers_stay_in_the_book", "ringtrain/engine/negotiation.py",
+           "        for name in names:\n            del self.pending[name]\n",
+           "        for name in names:\n            pass\n",
+           (Tests(("tests/test_faults.py",), select="stall_leaves and numpy and 2"),),
+           "a stall fails the stalled collectives but rank 0's book keeps them: the next stall check ends them "
+           "again while the other side's names never end"),
+    Mutant("a_stall_fails_the_whole_engine", "ringtrain/engine/engine.py",
+           "                if not held and action.error == \"StallError\":",
+           "                if action.error == \"StallError\":\n"
+           "                    self._fail(errors.StallError(action.message))\n"
+           "                if not held and action.error == \"StallError\":",
+           (Tests(("tests/test_faults.py",), select="stall_leaves and numpy and 2"),),
+           "a stall poisons every later collective of the job (as before stalls left the job usable)"),
+    Mutant("a_stall_ends_both_sides_at_once", "ringtrain/engine/negotiation.py",
+           "names = tuple(name for name, _ in stalled if set(self.pending[name].metas) == holders)",
+           "names = tuple(name for name, _ in stalled)",
+           (Tests(("tests/test_faults.py",), select="stall_leaves and numpy and 2"),),
+           "a rank that skipped a collective has its next call ended too, and is one call ahead ever after"),
+
 ]
 
 

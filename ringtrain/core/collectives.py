@@ -9,10 +9,10 @@ import numpy as np
 
 from . import state
 from ..errors import RingtrainError
-from ..engine.fusion import ops_for
+from ..engine.fusion import HOST_OPS, ops_for
 from ..engine.handle import Handle
-from .names import auto_name as _auto_name
-from ..engine.model import Meta
+from .names import slot_name as _slot_name
+from ..engine.model import Meta, express_eligible
 from ..ops import Average, as_op, check_op_dtype, dtype_name
 from .routing import route
 from ..engine.request import Request
@@ -20,8 +20,14 @@ from ..transports.segments import Segments
 
 
 def _name(kind, name, to):
-    """Auto names count per process set (a set's members agree on them whatever else each of them runs)."""
-    return _auto_name(kind if to.process_set_id == 0 else f"{kind}.set{to.process_set_id}", name)
+    """Auto names count per process set (a set's members agree on them whatever else each of them runs). An
+    unnamed call's name is a recurring slot (names.slot_name): when this rank still has that slot's previous
+    collective in flight (an unnamed async call not waited for yet), this drives the engine until it is done."""
+    if name is not None:
+        return _slot_name(kind, name)
+    name = _slot_name(kind if to.process_set_id == 0 else f"{kind}.set{to.process_set_id}", None)
+    to.engine.await_names_free(name)
+    return name
 
 
 def _device_of(array):
@@ -104,12 +110,13 @@ def allreduce(array, op=Average, name: "str | None" = None, prescale_factor: flo
     out = _allreduce_out(array, out)
     name, meta = _describe("allreduce", array, name, to, op=op, scales=(prescale_factor, postscale_factor),
                            op_obj=op)
-    if meta.device == "cpu" and meta.scales[0] == 1.0:
-        # a cached host allreduce with nothing else in flight takes one agreement cycle on this thread, with no
-        # request and no handle (Engine.express); anything else takes the general path
-        done = to.engine.express(name, meta, array, out)
-        if done is not None:
-            return out if done is True else done.wait()
+    # a cached host allreduce with nothing else in flight takes one agreement cycle on this thread, with no
+    # request and no handle (Engine.express decides whether it applies); anything else takes the general path
+    done = to.engine.express(name, meta, array, out)
+    if done is True:
+        return out
+    if done is not None:
+        return done.wait()
     return _enqueue(to, name, meta, array, out, sync=True).wait()
 
 
@@ -182,9 +189,13 @@ def _group_request(eng, name, arrays, outs, op, prescale_factor, postscale_facto
         sizes.append(a.size)
     meta = Meta(kind="allreduce", dtype=check_op_dtype(op, dtype), shape=(sum(sizes),), op=int(op), device=device,
                 scales=(float(prescale_factor), float(postscale_factor)), parts=tuple(sizes))
-    if sync and device == "cpu" and meta.scales[0] == 1.0 and len(arrays) > 1:
-        # as allreduce(): with nothing else in flight, one agreement cycle on this thread, and the transport reads
-        # and writes the arrays where they lie (Segments) instead of packing them into a bucket and unpacking it
+    if sync and len(arrays) > 1 and express_eligible(meta):
+        # as allreduce(): with nothing else in flight, one agreement cycle on this thread. A small group is packed
+        # into one array, which travels in the cycle's slots as one small allreduce does (the cycle is then the only
+        # synchronisation; a copy of a few KB costs far less than the transport's own barriers); a larger one is
+        # read and written by the transport where it lies (Segments), with no pack or unpack at all
+        if meta.nbytes <= GROUP_PACK_BYTES:
+            return _packed_express(eng, name, meta, arrays, outs, sizes)
         source = Segments(arrays)
         in_place = all(o is a for o, a in zip(outs, arrays))
         done = eng.express(name, meta, source, source if in_place else Segments(outs))
@@ -197,6 +208,30 @@ def _group_request(eng, name, arrays, outs, op, prescale_factor, postscale_facto
     handle = Handle((name,), eng.drive)
     request = Request(name, meta, arrays, outs, handle, ops, ops.ready_event(), grouped=True)
     eng.run(request) if sync else eng.submit(request)
+    return handle
+
+
+GROUP_PACK_BYTES = 64 << 10     # a synchronous grouped allreduce up to this size is packed for the express path
+
+
+def _packed_express(eng, name, meta, arrays, outs, sizes):
+    """A small synchronous grouped allreduce as one packed array: express, or an ordinary request when the express
+    path does not apply. Every rank packs (the choice depends on the agreed metadata alone), so every rank makes the
+    same transport call whichever path each takes (the executor's invariant)."""
+    packed = np.concatenate([a.reshape(-1) for a in arrays])
+    done = eng.express(name, meta, packed, packed)
+    if done is None:
+        handle = Handle((name,), eng.drive)
+        eng.run(Request(name, meta, (packed,), (packed,), handle, HOST_OPS))
+        done = handle
+    if done is not True:
+        done.wait()
+    offset = 0
+    for out, n in zip(outs, sizes):
+        out.reshape(-1)[...] = packed[offset:offset + n]
+        offset += n
+    handle = Handle((name,), eng.drive)
+    handle._set_result(list(outs))
     return handle
 
 

@@ -1,5 +1,12 @@
 """Automatic collective names: deterministic across ranks as long as every rank makes the same calls in the same
-order. Reset at init() so a re-initialised job starts from the same names on every rank."""
+order. Reset at init() so a re-initialised job starts from the same names on every rank.
+
+The core API's unnamed calls take their names from a short cycle (slot_name): the n-th unnamed allreduce of a
+process set is "allreduce.noname.<n mod UNNAMED_SLOTS>". The same few names recur, so after the first few calls an
+unnamed collective is a cached one -- the response cache hits and the engine's express path applies, as for a named
+call -- while ranks still match calls by their position in program order (a mismatch names the slot and each
+rank's shape). A slot is reused only once its previous collective has finished on this rank (the caller drives the
+engine until it has), so UNNAMED_SLOTS unnamed asynchronous calls of one kind may be in flight at a time."""
 import collections
 import threading
 
@@ -15,6 +22,21 @@ def auto_name(kind, name):
     with _lock:
         _counters[kind] += 1
         return f"{kind}.noname.{_counters[kind]}"
+
+
+UNNAMED_SLOTS = 8
+
+
+def slot_name(kind, name):
+    """`name` when given, else the next of UNNAMED_SLOTS names of `kind` in call order (see above)."""
+    if name is not None:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"name must be a non-empty str, got {name!r}")
+        return name
+    with _lock:
+        n = _counters[kind]
+        _counters[kind] = n + 1
+    return f"{kind}.noname.{n % UNNAMED_SLOTS}"
 
 
 def next_number(kind):

@@ -39,7 +39,7 @@ import time
 from mpi4py import MPI
 
 from .cycle_exchange import MESSAGE_CYCLE_MAX_RANKS, MessageExchange, WindowExchange
-from .model import Abort, Collective, Source, Warn
+from .model import Collective, Source, Warn, express_eligible
 from ..errors import StallError
 from .negotiation import SAME_EVERYWHERE, Coordinator, fuse_allreduces
 from ..ops import DTYPES
@@ -119,15 +119,16 @@ class CoordinatorAgreement:
         return actions
 
     def plan_with_stall_check(self, force_check=False):
-        """Rank 0: the Coordinator's plan, preceded by stall warnings; a fatal stall replaces it by an abort."""
+        """Rank 0: the Coordinator's plan, preceded by stall warnings and followed by the names a fatal stall
+        ends (a Failed action: every rank drops them and raises StallError where it holds them)."""
         actions = self.coordinator.plan()
         now = time.monotonic()
         if force_check or now > self._next_stall_check:
             self._next_stall_check = now + STALL_CHECK_PERIOD_S
-            warnings, fatal = self.coordinator.check_stalls()
-            if fatal:
-                return [Abort(fatal)]
+            warnings, stalled = self.coordinator.check_stalls()
             actions = [Warn(w) for w in warnings] + actions
+            if stalled is not None:
+                actions.append(stalled)
         return actions
 
     def owes(self):
@@ -480,9 +481,7 @@ class CycleAgreement(CoordinatorAgreement):
 
 
 def _eager_candidate(req):
-    meta = req.meta
-    return (meta.kind == "allreduce" and meta.device == "cpu" and len(req.arrays) == 1 and meta.scales[0] == 1.0
-            and req.outs[0] is not None)
+    return express_eligible(req.meta) and len(req.arrays) == 1 and req.outs[0] is not None
 
 
 def window_eager_bytes(size):

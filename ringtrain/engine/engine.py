@@ -30,7 +30,7 @@ from mpi4py import MPI
 
 from .. import errors
 from .agreement import make_agreement
-from .model import Abort, Collective, Failed, JoinDone, Shutdown, Warn
+from .model import Collective, Failed, JoinDone, Shutdown, Warn, express_eligible
 from ..errors import RankFailureError, RingtrainError, ShutdownError, StallError
 from .executor import Executor
 from .fusion import HOST_OPS
@@ -46,6 +46,8 @@ SPIN_PASSES = 50               # passes spent yielding the CPU right after activ
 FAST_POLL_S = 2e-5             # poll period while an answer is owed (the OS rounds it up to ~60 us)
 FAST_POLLS = 200               # ... for about the first 10 ms, then back off to cycle_time
 IDLE_SLEEP_S = 0.02            # background sleep with nothing in flight (wakes at once on an async submit)
+DEFER_BYTES = 64 << 10         # an async allreduce up to this size, submitted while the engine is idle, waits for
+                               # its wait() to run it express (see submit)
 
 
 class Engine:
@@ -71,6 +73,7 @@ class Engine:
         self._state_lock = threading.Lock()
         self._progress_lock = threading.Lock()
         self._drivers = 0               # callers currently driving: the background thread then stays out
+        self._deferred = None           # an async request not handed to the engine yet (submit; state lock)
         self.failed = None              # a fatal RingtrainError: every later call raises it
         self.join_handle = None
         self.shutdown_requested = False
@@ -80,16 +83,60 @@ class Engine:
 
     # ------------------------------------------------------------------------------------------------ caller side
     def submit(self, request):
-        """Queue a request for the engine (an asynchronous collective: the background thread takes it up)."""
+        """Queue a request for the engine (an asynchronous collective: the background thread takes it up).
+
+        A small async allreduce that the express path could run (express_eligible, one array up to DEFER_BYTES)
+        submitted while nothing else is in flight is *deferred* instead: it is held here, and the background
+        thread is not woken. A prompt wait() then runs it express on the caller's thread (one agreement cycle, no
+        thread hand-off: what a synchronous call costs). Anything else hands it to the engine first, in submission
+        order: another submission or call on this engine, a poll() of its handle, any engine pass (a peer's
+        cycle included), or else the background thread's next look, within IDLE_SLEEP_S."""
         self._admit(request)
+        if (express_eligible(request.meta) and len(request.arrays) == 1 and request.outs[0] is not None
+                and request.arrays[0].nbytes <= DEFER_BYTES and not request.grouped):
+            with self._state_lock:
+                if (self._deferred is None and not self.requests and self.queue.empty()
+                        and self.join_handle is None and not self._drivers):
+                    self._deferred = request
+                    request.handle._start = self._flush_deferred
+                    return
+        self._flush_deferred()
         self.queue.put(request)
         self.wake.set()
+
+    def _flush_deferred(self):
+        """Hand the deferred request (if any) to the engine's queue (see submit)."""
+        if self._deferred is None:
+            return
+        with self._state_lock:
+            request, self._deferred = self._deferred, None
+        if request is not None:
+            self.queue.put(request)
+            self.wake.set()
+
+    def _run_deferred(self, request):
+        """wait() on the deferred request: run it express on this thread. True when it is done (its handle has its
+        result); False when it went to the engine instead (the caller drives on as for any request)."""
+        with self._state_lock:
+            if self._deferred is not request:
+                return False
+            self._deferred = None
+        outcome = self.express(request.name, request.meta, request.arrays[0], request.outs[0], request)
+        if outcome is True:
+            with self._state_lock:
+                self.submitted_names.discard(request.name)
+            request.handle._set_result(request.result())
+            return True
+        if outcome is None:                # express did not apply: an ordinary request after all
+            self.queue.put(request)
+        return False
 
     def run(self, request):
         """A synchronous collective: the caller drives the engine until `request` is done. When no one else is
         running a pass the request skips the queue (after what this thread queued before it, so the order of
         submission holds) and the caller's first pass starts from it."""
         self._admit(request)
+        self._flush_deferred()
         self._drive_until(request.handle.done, None, first=request)
 
     def _admit(self, request):
@@ -103,16 +150,33 @@ class Engine:
                                  "wait for it before reusing the name")
             self.submitted_names.add(request.name)
 
+    def await_names_free(self, name):
+        """Drive the engine until no collective named `name` (or `name`.<part>) is in flight on this rank: the
+        recurring names of unnamed calls (names.slot_name) are reused only then."""
+        if not self.submitted_names:
+            return
+        dotted = name + "."
+
+        def free():
+            with self._state_lock:
+                return not any(n == name or n.startswith(dotted) for n in self.submitted_names)
+        if not free():
+            self._drive_until(free, None)
+            if self.failed is not None:
+                raise self.failed
+
     def join(self, handle):
         with self._state_lock:
             if self.failed is not None:
                 raise self.failed
+        self._flush_deferred()
         self.queue.put(("join", handle))
         self.wake.set()
 
     def shutdown(self, timeout):
         with self._state_lock:
             self.shutdown_requested = True
+        self._flush_deferred()
         self.queue.put(("shutdown", None))
         self._drive_until(self.finished.is_set, time.monotonic() + timeout)
         if not self.finished.wait(0):
@@ -146,6 +210,9 @@ class Engine:
 
     def drive(self, handle, deadline=None):
         """Progress the engine on the caller's thread until `handle` is done (or the deadline passes)."""
+        deferred = self._deferred
+        if deferred is not None and deferred.handle is handle and self._run_deferred(deferred):
+            return
         self._drive_until(handle.done, deadline)
 
     def _drive_until(self, done, deadline, first=None):
@@ -270,15 +337,18 @@ class Engine:
             raise e
 
     # ------------------------------------------------------------------------------------------------ express
-    def express(self, name, meta, array, out):
+    def express(self, name, meta, array, out, request=None):
         """A synchronous allreduce of one host array (or the Segments of a grouped one), tried in one agreement
         cycle on the caller's thread with no request, handle or queue (agreement.CycleAgreement.express), then
         reduced from the cycle's slots or, too large for them, on the transport right here: True when `out` holds
         the result; a Handle
         when the cycle decided otherwise and the collective continues on the general path; None when it does not
-        apply (something else in flight, a first sighting, a timeline being written) and nothing was done."""
+        apply (something else in flight, a first sighting, a timeline being written) and nothing was done.
+        `request`: the deferred async request this is (see submit), which becomes the ordinary request if need be."""
+        self._flush_deferred()
         timeline = self.executor.timeline
-        if self.requests or self.join_handle is not None or (timeline is not None and not timeline.closed):
+        if (self.requests or self.join_handle is not None or (timeline is not None and not timeline.closed)
+                or not express_eligible(meta)):
             return None
         lock = self._progress_lock
         if not lock.acquire(blocking=False):
@@ -288,7 +358,8 @@ class Engine:
                     or not self.queue.empty()):
                 return None
             start = time.perf_counter()
-            outcome = self.agreement.express(name, meta, array, out, self._express_request)
+            make_request = self._express_request if request is None else self._registered(request)
+            outcome = self.agreement.express(name, meta, array, out, make_request)
             if outcome is None:
                 return None
             if isinstance(outcome, Collective):     # agreed in its own cycle: this array alone
@@ -307,6 +378,14 @@ class Engine:
         finally:
             lock.release()
 
+    def _registered(self, request):
+        """make_request for a deferred request: it becomes the engine's as it is (progress lock held)."""
+        def make_request(name, meta, array, out):
+            request.handle.times["queued"] = request.handle.times["submitted"]
+            self.requests[name] = request
+            return request
+        return make_request
+
     def _express_request(self, name, meta, array, out):
         """The request an express allreduce becomes when its cycle did not finish it (progress lock held)."""
         with self._state_lock:
@@ -321,6 +400,8 @@ class Engine:
         return request
 
     def _pass(self):
+        if self._deferred is not None:
+            self._flush_deferred()
         busy = self._take_submissions()
         actions = self.agreement.poll()
         if actions:
@@ -362,13 +443,15 @@ class Engine:
             elif isinstance(action, Shutdown):
                 self._finish_shutdown()
                 return
-            elif isinstance(action, Abort):
-                self._fail(StallError(action.message))
             elif isinstance(action, Warn):
                 log.warning("rank %d: %s", self.rank, action.message)
             elif isinstance(action, Failed):
-                for name in action.names:
-                    self._complete_error(name, getattr(errors, action.error)(action.message))
+                held = [name for name in action.names if self._complete_error(
+                    name, getattr(errors, action.error)(action.message))]
+                if not held and action.error == "StallError":
+                    # this rank holds none of the stalled collectives (it skipped them, or named them
+                    # differently): no call of its own fails, so say it here -- its peers' calls did fail
+                    log.error("rank %d: %s", self.rank, action.message)
             elif isinstance(action, JoinDone):
                 if self.join_handle is not None:
                     self.join_handle._set_result(action.rank)
@@ -402,9 +485,11 @@ class Engine:
         return req
 
     def _complete_error(self, name, error):
+        """Fail this rank's request `name`, if it holds one; True when it did."""
         req = self._take(name)
         if req is not None:
             req.handle._set_error(error)
+        return req is not None
 
     # ------------------------------------------------------------------------------------------------ the end
     def _fail(self, error, fatal_peer=False, stop=False, exit_soon=False):
@@ -429,6 +514,7 @@ class Engine:
         if self.join_handle is not None:
             self.join_handle._set_error(error)
             self.join_handle = None
+        self._flush_deferred()
         while True:   # requests still in the local queue
             try:
                 item = self.queue.get_nowait()

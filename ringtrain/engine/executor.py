@@ -11,7 +11,7 @@ the copy-out. Staging buffers persist across calls; the only per-call allocation
 import logging
 import time
 
-from .model import Source
+from .model import Source, express_eligible
 from .fusion import ops_for
 from ..ops import DTYPES, ReduceOp, reduce_in_rank_order
 from ..timeline import open_timeline
@@ -129,7 +129,7 @@ class Executor:
             for src, dst in zip(sources, targets):
                 if dst is not src or prescale * scale != 1.0:
                     ops.unpack(src.reshape(-1), [dst.reshape(-1)], prescale * scale)
-        elif len(sources) == 1 and not isinstance(sources[0], int) and meta.device == "cpu" and prescale == 1.0:
+        elif len(sources) == 1 and not isinstance(sources[0], int) and express_eligible(meta):
             t0 = time.perf_counter()
             self.allreduce_one(action, sources[0], targets[0])
             if self.timeline is not None:

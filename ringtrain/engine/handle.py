@@ -12,7 +12,7 @@ class Handle:
     """The result of an asynchronous collective (`allreduce_async` and friends). `wait(timeout=None)` blocks until it
     finishes and returns its result, or raises its error; `poll()` says whether it has finished without blocking.
     `times` holds time.perf_counter() stamps: 'submitted', 'started' (its bucket entered the ring), 'finished'."""
-    __slots__ = ("names", "_done", "_event", "_result", "_error", "_done_event", "_driver", "times")
+    __slots__ = ("names", "_done", "_event", "_result", "_error", "_done_event", "_driver", "_start", "times")
 
     def __init__(self, names, driver=None):
         self.names = names                  # tensor names this handle covers
@@ -22,6 +22,7 @@ class Handle:
         self._error = None
         self._done_event = None             # CUDA event for device results, synchronised in wait()
         self._driver = driver               # engine.drive(handle, deadline): progress the engine until done
+        self._start = None                  # set while the engine holds it back for a prompt wait (Engine.submit)
         self.times = {"submitted": time.perf_counter()}
 
     # called by whoever runs the engine
@@ -50,6 +51,8 @@ class Handle:
     def poll(self):
         """True once the result (or an error) is available; never blocks."""
         if not self._done:
+            if self._start is not None:     # polled, not waited for: it starts now
+                self._start()
             return False
         return self._done_event is None or self._done_event.query()
 

@@ -3,7 +3,7 @@
 The agreement only decides; the executor alone reads and writes data. An Action is therefore a complete, typed
 instruction: a Collective says which tensors, where their data comes from (the requests' own buffers, or the
 copies every rank published in the agreement cycle's slots) and what multiplies the inputs and the result; the
-other Actions are events (a failed tensor, a warning, a fatal stall, join finished, shutdown). Every rank receives
+other Actions are events (failed tensors, a warning, join finished, shutdown). Every rank receives
 the same Actions in the same order and makes the same transport call for each.
 
 No MPI and no numpy here: requests, the Coordinator and tests build these on any rank, without a communicator.
@@ -50,6 +50,14 @@ class Meta:
         if self.parts:
             parts.append(f"in {len(self.parts)} tensors of {_sizes(self.parts)}")
         return f"{self.kind} " + " ".join(parts)
+
+
+def express_eligible(meta):
+    """The one rule for the fast paths: a host allreduce with no prescale. Such a collective may run in one
+    agreement cycle on the caller's thread (Engine.express), travel in the cycle's slots (eager), and be reduced
+    by the transport straight from its array into its output with no staging copy (Executor.allreduce_one): the
+    prescale is the one thing those paths cannot apply, and device arrays take the device transport."""
+    return meta.kind == "allreduce" and meta.device == "cpu" and meta.scales[0] == 1.0
 
 
 def _sizes(parts, shown=6):
@@ -100,7 +108,8 @@ class Collective:
 
 @dataclasses.dataclass(frozen=True)
 class Failed:
-    """These tensors end with an error on every rank (mismatch, a rank that shut down, join and a non-allreduce)."""
+    """These tensors end with an error on every rank that holds them (mismatch, a stall, a rank that shut down, join
+    and a non-allreduce); every rank drops them, so the collectives after them agree as usual."""
     names: tuple
     error: str                # the ringtrain.errors class name
     message: str
@@ -108,12 +117,6 @@ class Failed:
 
 @dataclasses.dataclass(frozen=True)
 class Warn:
-    message: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Abort:
-    """A fatal stall: every pending and later collective fails with StallError(message)."""
     message: str
 
 

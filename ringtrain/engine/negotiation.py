@@ -176,26 +176,45 @@ class Coordinator:
         return Collective.of(meta.kind, (name,), (meta,), self.size)
 
     def check_stalls(self):
-        """(warnings, fatal_message_or_None) for names some ranks submitted long ago and others never did.
-        Once one name is past the timeout the stall is fatal, and the message names every name that has waited
-        past the warning threshold too: ranks that diverged usually each wait on their own name, submitted
-        moments apart, and the user needs to see both sides."""
+        """(warnings, Failed or None) for names some ranks submitted long ago and others never did.
+        Once one name is past the timeout the stall is fatal, and its message names every name that has waited
+        past the warning threshold (or the timeout, when that is shorter): for each, the ranks that submitted it and
+        the ranks that did not -- ranks that diverged usually each wait on their own name, submitted moments apart,
+        and the user needs to see both sides.
+        What the stall ends is the oldest stalled name and every stalled name held by exactly its ranks: those leave
+        the book here, each rank drops them (the Failed action; its holders raise StallError) and the collectives
+        after them agree as usual, so a stall leaves the job usable. The names the other ranks wait on stay: when
+        those ranks had skipped the failed collective (a rank skipped a step), their next collective is the one the
+        failed ranks call next, and it completes; when the ranks had truly diverged (each named the same call
+        differently), the other side's name ends the same way one stall timeout later (the names left waiting start
+        a new period now). Ending both sides at once would shift every later call of the ranks that skipped by
+        one."""
         now = self.clock()
         warnings, stalled, fatal = [], [], False
+        threshold = min(self.stall_warning_s, self.stall_timeout_s)
         for name, entry in self.pending.items():
             age = now - entry.first_seen
             missing = set(range(self.size)) - set(entry.metas) - set(self.joined)
             fatal |= age > self.stall_timeout_s
-            if age > self.stall_warning_s:
-                stalled.append(f"tensor {name!r} was submitted by {_rank_list(entry.metas)} but not by "
-                               f"{_rank_list(missing)} for {age:.0f}s")
-                if not entry.warned:
-                    entry.warned = True
-                    warnings.append(f"tensor {name!r} has waited {age:.0f}s: submitted by "
-                                    f"{_rank_list(entry.metas)}, still missing on {_rank_list(missing)} "
-                                    "(ranks diverged? a rank skipped a step?)")
-        if fatal:
-            more = f"; and {len(stalled) - 5} more" if len(stalled) > 5 else ""
-            return warnings, ("stall: " + "; ".join(stalled[:5]) + more
-                              + f" (RINGTRAIN_STALL_TIMEOUT_S={self.stall_timeout_s:g})")
-        return warnings, None
+            if age > threshold:
+                stalled.append((name, f"tensor {name!r} was submitted by {_rank_list(entry.metas)} but not by "
+                                      f"{_rank_list(missing)} for {age:.0f}s"))
+            if age > self.stall_warning_s and not entry.warned:
+                entry.warned = True
+                warnings.append(f"tensor {name!r} has waited {age:.0f}s: submitted by "
+                                f"{_rank_list(entry.metas)}, still missing on {_rank_list(missing)} "
+                                "(ranks diverged? a rank skipped a step?)")
+        if not fatal:
+            return warnings, None
+        more = f"; and {len(stalled) - 5} more" if len(stalled) > 5 else ""
+        message = ("stall: " + "; ".join(text for _, text in stalled[:5]) + more
+                   + f" (RINGTRAIN_STALL_TIMEOUT_S={self.stall_timeout_s:g})")
+        oldest = min((e for e in self.pending.values() if now - e.first_seen > self.stall_timeout_s),
+                     key=lambda e: e.first_seen)
+        holders = set(oldest.metas)
+        names = tuple(name for name, _ in stalled if set(self.pending[name].metas) == holders)
+        for name in names:
+            del self.pending[name]
+        for entry in self.pending.values():      # the rest wait a full period again, from the failure on
+            entry.first_seen, entry.warned = now, False
+        return warnings, Failed(names, "StallError", message)

@@ -63,21 +63,34 @@ class _GroupedAllreduce(torch.autograd.Function):
     def forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set, *tensors):
         ctx.forward = dict(op=resolve_op(op, average), prescale_factor=prescale_factor,
                            postscale_factor=postscale_factor, process_set=process_set)
-        if len(tensors) == 1:
-            return functions.allreduce_async(tensors[0], average, name, op, prescale_factor, postscale_factor,
-                                             process_set).wait(),
-        return tuple(functions.grouped_allreduce_async(list(tensors), average, name, op, prescale_factor,
-                                                       postscale_factor, process_set).wait())
+        return tuple(_allreduce_forward(tensors, average, name, op, prescale_factor, postscale_factor, process_set))
 
     @staticmethod
     def backward(ctx, *grad_outputs):
         return (None,) * 6 + tuple(_backward("allreduce", grad_outputs, **ctx.forward))
 
 
+def _allreduce_forward(tensors, average, name, op, prescale_factor, postscale_factor, process_set):
+    """The collective itself, on this thread (the engine's express path when it applies)."""
+    if len(tensors) == 1:
+        return [functions.allreduce_sync(tensors[0], average, name, op, prescale_factor, postscale_factor,
+                                         process_set)]
+    return functions.grouped_allreduce_sync(list(tensors), average, name, op, prescale_factor, postscale_factor,
+                                            process_set)
+
+
+def _wants_grad(tensors):
+    """Autograd records the call only when a gradient can flow: grad mode on and some input requires it. Otherwise
+    the call skips torch.autograd.Function altogether (its bookkeeping costs more than a small allreduce)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
               postscale_factor=1.0, process_set=global_process_set) -> torch.Tensor:
     """Reduce `tensor` over the ranks of `process_set` (default: Average) into a new tensor; differentiable.
     `compression` casts it for the wire (e.g. Compression.fp16) and back."""
+    if compression is Compression.none and not _wants_grad((tensor,)):
+        return functions.allreduce_sync(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
     return grouped_allreduce([tensor], average, name, compression, op, prescale_factor, postscale_factor,
                              process_set)[0]
 
@@ -86,6 +99,10 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
                       postscale_factor=1.0, process_set=global_process_set) -> list:
     """allreduce of each tensor, negotiated and fused as one group; differentiable. Returns a list."""
     compressed = [compression.compress(t) for t in tensors]
+    if not _wants_grad([c for c, _ in compressed]):
+        results = _allreduce_forward([c for c, _ in compressed], average, name, op, prescale_factor,
+                                     postscale_factor, process_set)
+        return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, compressed)]
     results = _GroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor, process_set,
                                       *[c for c, _ in compressed])
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, compressed)]

@@ -184,6 +184,27 @@ def allreduce_async(tensor: torch.Tensor, average=None, name: "str | None" = Non
     return TensorHandle(handle, from_array)
 
 
+def allreduce_sync(tensor: torch.Tensor, average=None, name: "str | None" = None, op=None,
+                   prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                   process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """allreduce into a new tensor on this thread (the core's synchronous call: the engine's express path when it
+    applies); not differentiable -- autograd.allreduce uses it when no gradient is wanted."""
+    array = collectives.allreduce(to_array(contiguous(tensor)), op=resolve_op(op, average), name=name,
+                                  prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                                  process_set=process_set)
+    return from_array(array)
+
+
+def grouped_allreduce_sync(tensors: list, average=None, name: "str | None" = None, op=None,
+                           prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                           process_set: ProcessSet = global_process_set) -> list:
+    """grouped_allreduce into new tensors on this thread (the core's synchronous call); not differentiable."""
+    arrays = [to_array(contiguous(t)) for t in tensors]
+    results = collectives.grouped_allreduce(arrays, op=resolve_op(op, average), name=name,
+                                            process_set=process_set, **_scales(prescale_factor, postscale_factor))
+    return [from_array(r) for r in results]
+
+
 def allreduce_async_(tensor: torch.Tensor, average=None, name: "str | None" = None, op=None,
                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                      process_set: ProcessSet = global_process_set) -> "TensorHandle":

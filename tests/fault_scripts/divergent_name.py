@@ -1,6 +1,6 @@
 """The last rank names its tensor differently: neither name is ready everywhere, so no rank can tell it from a
-skipped step. Every rank must get a StallError (after RINGTRAIN_STALL_TIMEOUT_S) naming both tensors and the
-missing ranks. A stall is fatal to the engine (as in Horovod), so the next collective must fail at once too."""
+skipped step. Every rank must get a StallError (after RINGTRAIN_STALL_TIMEOUT_S) naming the tensors and the
+missing ranks -- the older side first, the other side one timeout later -- and the next collective must work."""
 import sys
 
 import numpy as np
@@ -17,10 +17,5 @@ except rt.RingtrainError as e:
 else:
     say("NO ERROR for divergent name")
     sys.exit(3)
-try:
-    check_usable()
-except rt.RingtrainError as e:
-    say(f"AFTER-STALL {type(e).__name__}")
-    sys.exit(1)
-say("engine still usable after a stall")
+check_usable()
 rt.shutdown()

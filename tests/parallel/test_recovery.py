@@ -1,5 +1,5 @@
-"""After a fatal error (a stall, in the world or inside a process set), shutdown() then init() gives a working
-engine: the error does not poison later calls. Runs with a 2 s stall timeout, then restores the session's world."""
+"""After a stall (in the world or inside a process set) the next collectives work, and shutdown() then init()
+gives a working engine too: the error does not poison later calls. Runs with a 2 s stall timeout, then restores the session's world."""
 import os
 import tempfile
 import time
@@ -45,8 +45,9 @@ def test_shutdown_and_init_recover_from_stalls(restore_world):
         with pytest.raises(rt.StallError, match=r"recovery\.(lonely|other)"):     # on both members
             rt.allreduce(np.ones(2), name="recovery.lonely" if rt.rank() == 0 else "recovery.other",
                          process_set=pair)
-        with pytest.raises(rt.StallError):       # the set's engine has failed: later calls say so at once
-            rt.allreduce(np.ones(2), name="recovery.later", process_set=pair)
+        # the stall ended those two collectives, nothing else: the set's next collective works
+        np.testing.assert_array_equal(rt.allreduce(np.ones(2), op=rt.Sum, name="recovery.later", process_set=pair),
+                                      [2.0, 2.0])
         open(os.path.join(markers, str(rt.rank())), "w").close()
     else:   # outside the set: make no world call until the members are done, or the world would stall too
         deadline = time.monotonic() + 60

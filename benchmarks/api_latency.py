@@ -1,0 +1,189 @@
+"""What each public form of an allreduce costs, beside MPI_Allreduce in the same job.
+
+    mpiexec -n 2 python benchmarks/api_latency.py [--quick] [--rounds 5] [--tf] [--jax] [--json out.json]
+
+Every form reduces float32 data of 4 KB, 64 KB, 1 MB and 16 MB (the scalar form: one float32). The forms run
+interleaved, round after round (a round times every form once at every size), and each figure is the median over
+rounds of the slowest rank's mean time per call. `#wrong` counts results that differ from the numpy reference. Ratios
+are to MPI_Allreduce (mpi4py, numpy buffers) of the same size in the same round: on a shared machine only ratios
+taken in one job mean anything.
+
+Forms (torch unless named):
+  in_place      hvd.allreduce_(t, name=...)
+  out_of_place  hvd.allreduce(t, name=...)
+  unnamed       hvd.allreduce(t)
+  async_wait    hvd.synchronize(hvd.allreduce_async(t, name=...))
+  async_wait_   hvd.synchronize(hvd.allreduce_async_(t, name=...))
+  grouped       hvd.grouped_allreduce([t[:n/2], t[n/2:]], name=...)
+  scalar        hvd.allreduce(torch.tensor(0.5), name=...)   (one size: 4 bytes)
+  numpy         ringtrain.allreduce(a, name=...)             (the core API, out of place)
+  tf_eager      ringtrain.tensorflow.allreduce(t, name=...)  (--tf)
+  jax_eager     ringtrain.jax.allreduce(a, name=...)         (--jax)
+"""
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np                                     # noqa: E402
+from mpi4py import MPI                                 # noqa: E402
+
+from common import format_table, human_bytes, machine_info, median, write_json   # noqa: E402
+
+SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20)
+CALLS = {4 << 10: 300, 64 << 10: 150, 1 << 20: 30, 16 << 20: 6}
+QUICK_CALLS = {4 << 10: 100, 64 << 10: 40, 1 << 20: 8, 16 << 20: 2}
+
+
+def make_forms(args):
+    """form -> (setup(nbytes) -> state, call(state) -> result, expected(nbytes) -> array)."""
+    import torch
+    import ringtrain.torch as hvd
+    torch.set_num_threads(1)
+    rank, size = hvd.rank(), hvd.size()
+
+    def data(n, dtype=np.float32):
+        return (np.arange(n) % 13 + rank).astype(dtype)
+
+    def want(n):
+        return sum((np.arange(n) % 13 + r).astype(np.float64) for r in range(size)) / size
+
+    forms = {}
+
+    def tensor_form(name, call, copy_input=False):
+        def setup(nbytes):
+            n = nbytes // 4
+            return {"t": torch.from_numpy(data(n)), "n": n, "name": f"bench.{name}.{nbytes}"}
+
+        def run(s):
+            if copy_input:          # in-place forms: the input must be the same each call
+                s["t"].copy_(torch.from_numpy(data(s["n"])))
+            return call(s)
+        forms[name] = (setup, run, lambda nbytes: want(nbytes // 4))
+
+    tensor_form("in_place", lambda s: hvd.allreduce_(s["t"], name=s["name"]), copy_input=True)
+    tensor_form("out_of_place", lambda s: hvd.allreduce(s["t"], name=s["name"]))
+    tensor_form("unnamed", lambda s: hvd.allreduce(s["t"]))
+    tensor_form("async_wait", lambda s: hvd.synchronize(hvd.allreduce_async(s["t"], name=s["name"])))
+    tensor_form("async_wait_", lambda s: hvd.synchronize(hvd.allreduce_async_(s["t"], name=s["name"])),
+                copy_input=True)
+
+    def grouped(s):
+        t, half = s["t"], s["n"] // 2
+        return torch.cat(hvd.grouped_allreduce([t[:half], t[half:]], name=s["name"]))
+    tensor_form("grouped", grouped)
+
+    forms["scalar"] = (lambda nbytes: {"t": torch.tensor(0.5 + rank)},
+                       lambda s: hvd.allreduce(s["t"], name="bench.scalar"),
+                       lambda nbytes: np.array(0.5 + (size - 1) / 2))
+
+    import ringtrain as rt
+    forms["numpy"] = (lambda nbytes: {"a": data(nbytes // 4), "name": f"bench.numpy.{nbytes}"},
+                      lambda s: rt.allreduce(s["a"], name=s["name"]), lambda nbytes: want(nbytes // 4))
+    if args.tf:
+        import tensorflow as tf
+        import ringtrain.tensorflow as hvd_tf
+        forms["tf_eager"] = (lambda nbytes: {"t": tf.constant(data(nbytes // 4)), "name": f"bench.tf.{nbytes}"},
+                             lambda s: hvd_tf.allreduce(s["t"], name=s["name"]).numpy(),
+                             lambda nbytes: want(nbytes // 4))
+    if args.jax:
+        import jax.numpy as jnp
+        import ringtrain.jax as hvd_jax
+        forms["jax_eager"] = (lambda nbytes: {"a": jnp.asarray(data(nbytes // 4)), "name": f"bench.jax.{nbytes}"},
+                              lambda s: np.asarray(hvd_jax.allreduce(s["a"], name=s["name"])),
+                              lambda nbytes: want(nbytes // 4))
+
+    comm = MPI.COMM_WORLD
+
+    def mpi_setup(nbytes):
+        return {"a": data(nbytes // 4), "out": np.empty(nbytes // 4, np.float32)}
+
+    def mpi_call(s):
+        comm.Allreduce(s["a"], s["out"], op=MPI.SUM)
+        s["out"] /= size          # Average, as the forms above
+        return s["out"]
+    forms["MPI_Allreduce"] = (mpi_setup, mpi_call, lambda nbytes: want(nbytes // 4))
+    return forms
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="fewer calls and 2 rounds (a smoke test)")
+    parser.add_argument("--sizes", default=None, help="comma-separated byte counts (default 4K,64K,1M,16M)")
+    parser.add_argument("--forms", default=None, help="comma-separated subset of forms")
+    parser.add_argument("--tf", action="store_true", help="include TensorFlow eager")
+    parser.add_argument("--jax", action="store_true", help="include JAX eager")
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--out", default=None, help="write the table here too")
+    args = parser.parse_args()
+    rounds = 2 if args.quick else args.rounds
+    calls = QUICK_CALLS if args.quick else CALLS
+    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else list(SIZES)
+
+    import ringtrain.torch as hvd
+    hvd.init()
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    forms = make_forms(args)
+    if args.forms:
+        keep = set(args.forms.split(",")) | {"MPI_Allreduce"}
+        forms = {k: v for k, v in forms.items() if k in keep}
+
+    times = {}             # (form, nbytes) -> [us per call, one per round]
+    wrong = {}
+    for rnd in range(rounds):
+        for nbytes in sizes:
+            n_calls = calls.get(nbytes, max(2, int(3e8 // max(nbytes, 1) // 100)))
+            for form, (setup, call, expected) in forms.items():
+                if form == "scalar" and nbytes != sizes[0]:
+                    continue
+                s = setup(nbytes)
+                result = call(s)          # warm-up: first sightings, caches, pools
+                call(s)
+                bad = int(not np.allclose(np.asarray(result, np.float64), expected(nbytes), rtol=1e-5))
+                comm.Barrier()
+                t0 = time.perf_counter()
+                for _ in range(n_calls):
+                    call(s)
+                elapsed = (time.perf_counter() - t0) / n_calls
+                slowest = comm.allreduce(elapsed, op=MPI.MAX)
+                key = (form, 4 if form == "scalar" else nbytes)
+                times.setdefault(key, []).append(slowest * 1e6)
+                wrong[key] = wrong.get(key, 0) + comm.allreduce(bad, op=MPI.SUM)
+    if rank == 0:
+        mpi = {nbytes: times[("MPI_Allreduce", nbytes)] for nbytes in sizes}
+        records, rows = [], []
+        for (form, nbytes), values in times.items():
+            base_bytes = sizes[0] if form == "scalar" else nbytes
+            ratios = [v / m for v, m in zip(values, mpi[base_bytes])]
+            record = {"form": form, "ranks": size, "bytes": nbytes, "dtype": "float32", "op": "average",
+                      "time_us": median(values), "rounds_us": values, "x_mpi": median(ratios),
+                      "wrong": wrong[(form, nbytes)]}
+            records.append(record)
+        records.sort(key=lambda r: (r["bytes"] if r["form"] != "scalar" else sizes[0], list(forms).index(r["form"])))
+        for r in records:
+            rows.append([human_bytes(r["bytes"]), r["form"], f"{r['time_us']:.1f}",
+                         f"{min(r['rounds_us']):.1f}", f"{max(r['rounds_us']):.1f}", f"{r['x_mpi']:.2f}",
+                         r["wrong"]])
+        title = (f"allreduce per call, {size} ranks, float32 Average, median of {rounds} interleaved rounds "
+                 f"(slowest rank's mean per round); x_mpi: ratio to MPI_Allreduce of that size in the same round "
+                 f"(scalar: to MPI at {human_bytes(sizes[0])})")
+        text = format_table(["size", "form", "time_us", "min_us", "max_us", "x_mpi", "#wrong"], rows, title=title)
+        load = os.getloadavg()
+        text += f"\n# load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+        print(text, flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(text + "\n")
+        if args.json:
+            write_json(args.json, {"machine": machine_info(), "ranks": size, "rounds": rounds,
+                                   "loadavg_end": load, "records": records})
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()

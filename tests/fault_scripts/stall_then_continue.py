@@ -1,0 +1,58 @@
+"""A stall leaves the job usable. Case `skip`: the last rank skips one allreduce, then every rank runs ten more.
+Case `diverge`: the last rank names that allreduce differently, then every rank runs ten more. Run with numpy
+arrays and torch tensors (argv[1] picks: numpy | torch), with the fault tests' short stall timeout.
+
+Every rank that called the stalled collective gets a StallError naming the tensor and the ranks; a rank that
+skipped it is told in its log (it has no call of its own that failed), and the ten that follow are correct on every
+rank."""
+import logging
+import sys
+
+import numpy as np
+
+import ringtrain as rt
+from _common import caught, say
+
+
+class Said(logging.Handler):
+    def emit(self, record):
+        if record.levelno >= logging.ERROR and "stall" in record.getMessage():
+            say(f"LOGGED {record.getMessage()}")
+
+
+logging.getLogger("ringtrain").addHandler(Said())
+framework = sys.argv[1]
+rt.init()
+if framework == "torch":
+    import torch
+    import ringtrain.torch as hvd
+
+    def allreduce(x, name):
+        return hvd.allreduce(torch.from_numpy(x), op=hvd.Sum, name=name).numpy()
+else:
+    def allreduce(x, name):
+        return rt.allreduce(x, op=rt.Sum, name=name)
+
+odd = rt.rank() == rt.size() - 1
+want = np.full(6, rt.size() * (rt.size() + 1) / 2, np.float32)
+for case in ("skip", "diverge"):
+    try:
+        if not odd:
+            allreduce(np.ones(6, np.float32), f"{case}.stalled")
+        elif case == "diverge":
+            allreduce(np.ones(6, np.float32), f"{case}.other")
+    except rt.StallError as e:
+        caught(case, e)
+    for i in range(10):
+        name = f"{case}.after{i}" if i % 2 else None          # named and unnamed
+        try:
+            got = allreduce(np.full(6, rt.rank() + 1.0, np.float32), name)
+        except rt.RingtrainError as e:
+            say(f"FAILED {case} after {i}: {type(e).__name__}: {e}")
+            sys.exit(4)
+        if not np.array_equal(got, want):
+            say(f"WRONG {case} after {i}: {got}")
+            sys.exit(5)
+    say(f"TEN CORRECT {case}")
+rt.shutdown()
+say("DONE")

@@ -1,0 +1,210 @@
+"""Every public form of an allreduce -- in place, out of place, unnamed, async + wait, grouped, scalar, numpy -- gives
+the numpy reference's result, and the synchronous forms take the engine's express path once their collective is
+cached (one agreement cycle on the caller's thread). Unnamed calls are matched by program order, interleaved with
+named ones and with asynchronous calls waited out of order; ranks that disagree in an unnamed call get the usual
+mismatch error, naming the ranks and the shapes, and the job goes on."""
+import numpy as np
+import pytest
+import torch
+
+import ringtrain as rt
+import ringtrain.torch as hvd
+from ringtrain.core import state
+from ringtrain.core.names import UNNAMED_SLOTS
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+SIZES = (1, 1000, 300_000)          # one element, a slot-sized array, one past every eager slot (the transport)
+
+
+def data(n, salt, rank):
+    return ((np.arange(n) % 11) + 3 * rank + salt).astype(np.float32)
+
+
+def reference(n, salt, op="average"):
+    total = sum(data(n, salt, r).astype(np.float64) for r in range(rt.size()))
+    return (total / rt.size() if op == "average" else total).astype(np.float32)
+
+
+@pytest.fixture
+def outcomes(monkeypatch):
+    """(name, outcome) of every express attempt on this rank (Engine.express): "express" (finished in its own
+    cycle), "request" (the cycle made it an ordinary request) or None (the express path did not apply)."""
+    engine = state.engine()
+    seen = []
+    original = engine.express
+
+    def spy(name, *args):
+        outcome = original(name, *args)
+        seen.append((name, "express" if outcome is True else None if outcome is None else "request"))
+        return outcome
+    monkeypatch.setattr(engine, "express", spy)
+    return seen
+
+
+def forms(n, salt):
+    """form -> call returning the result as a numpy array (float32 Average of data(n, salt, rank))."""
+    r = rt.rank()
+
+    def t():
+        return torch.from_numpy(data(n, salt, r))
+
+    def in_place():
+        x = t()
+        out = hvd.allreduce_(x, name=f"forms.inplace.{n}")
+        assert out is x
+        return x.numpy()
+
+    def async_in_place():
+        x = t()
+        hvd.synchronize(hvd.allreduce_async_(x, name=f"forms.async_.{n}"))
+        return x.numpy()
+
+    def grouped():
+        x = t()
+        half = n // 2
+        return torch.cat(hvd.grouped_allreduce([x[:half], x[half:]], name=f"forms.grouped.{n}")).numpy()
+
+    return {
+        "in_place": in_place,
+        "out_of_place": lambda: hvd.allreduce(t(), name=f"forms.out.{n}").numpy(),
+        "unnamed": lambda: hvd.allreduce(t()).numpy(),
+        "async": lambda: hvd.synchronize(hvd.allreduce_async(t(), name=f"forms.async.{n}")).numpy(),
+        "async_": async_in_place,
+        "grouped": grouped,
+        "grouped_unnamed": lambda: torch.cat(hvd.grouped_allreduce([t()[: n // 2], t()[n // 2:]])).numpy(),
+        "numpy": lambda: rt.allreduce(data(n, salt, r), name=f"forms.numpy.{n}"),
+        "numpy_unnamed": lambda: rt.allreduce(data(n, salt, r)),
+        "numpy_grouped": lambda: np.concatenate(rt.grouped_allreduce(
+            [data(n, salt, r)[: n // 2], data(n, salt, r)[n // 2:]], name=f"forms.numpy_grouped.{n}")),
+    }
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_every_form_gives_the_reference(n):
+    for call in range(4):
+        for form, run in forms(n, call).items():
+            if form.startswith("grouped") and n < 2:
+                continue
+            np.testing.assert_allclose(run(), reference(n, call), rtol=1e-6,
+                                       err_msg=f"rank {rt.rank()} form {form} n={n} call {call}")
+
+
+def test_a_scalar_metric_each_step():
+    for step in range(30):
+        value = hvd.allreduce(torch.tensor(0.25 * step + rt.rank()), name="forms.metric")
+        assert value.shape == () and value.dtype == torch.float32
+        assert float(value) == pytest.approx(0.25 * step + (rt.size() - 1) / 2)
+        total = hvd.allreduce(torch.tensor(step + rt.rank(), dtype=torch.int64), op=hvd.Sum)    # unnamed
+        assert int(total) == rt.size() * step + rt.size() * (rt.size() - 1) // 2
+
+
+def test_cached_synchronous_forms_take_the_express_path(outcomes):
+    """After their first sightings, out-of-place, unnamed, grouped and scalar calls run in their own agreement cycle
+    on the caller's thread, as the named in-place call does (a peer's idle engine thread joining a cycle early
+    turns an occasional one into a request: a few, not most)."""
+    n = 1000
+    for call in range(3):                      # first sightings of every name and unnamed slot
+        for form in ("out_of_place", "unnamed", "grouped", "numpy_unnamed"):
+            forms(n, call)[form]()
+    hvd.allreduce(torch.tensor(1.0), name="forms.express.metric")
+    rt.barrier()
+    del outcomes[:]
+    calls = 0
+    for call in range(6):
+        for form in ("out_of_place", "unnamed", "grouped", "numpy_unnamed"):
+            forms(n, call)[form]()
+            calls += 1
+        hvd.allreduce(torch.tensor(1.0), name="forms.express.metric")
+        calls += 1
+    took = [kind for _, kind in outcomes]
+    assert len(took) == calls, (rt.rank(), outcomes)        # every call tried the express path ...
+    assert took.count("express") >= calls - 6, (rt.rank(), outcomes)     # ... and nearly all finished there
+
+
+def test_unnamed_interleaved_with_named_and_async_waited_out_of_order():
+    r = rt.rank()
+    n = 257
+    count = 3 * UNNAMED_SLOTS + 1              # more unnamed calls in flight than there are slots
+    for rnd in range(3):
+        handles = []
+        for i in range(count):
+            x = torch.from_numpy(data(n, i, r))
+            if i % 3 == 0:
+                handles.append((i, hvd.allreduce_async(x, op=hvd.Sum)))                 # unnamed, async
+            elif i % 3 == 1:
+                handles.append((i, hvd.allreduce_async(x, op=hvd.Sum, name=f"mixed.{i}")))
+            else:                                                                    # a synchronous one between
+                got = hvd.allreduce(x, op=hvd.Sum) if i % 2 else hvd.allreduce(x, op=hvd.Sum, name=f"mixed.s{i}")
+                np.testing.assert_array_equal(got.numpy(), reference(n, i, "sum"), err_msg=f"sync {i}")
+        order = list(reversed(handles)) if rnd % 2 == 0 else handles[1::2] + handles[0::2]
+        for i, handle in order:
+            np.testing.assert_array_equal(hvd.synchronize(handle).numpy(), reference(n, i, "sum"),
+                                          err_msg=f"rank {r} round {rnd} call {i}")
+
+
+def test_more_unnamed_async_calls_in_flight_than_slots():
+    """The last rank submits late, so none of this rank's first calls can finish before it submits the rest: a
+    slot still in flight is waited for, never taken twice."""
+    import time
+    rt.barrier()
+    if rt.rank() == rt.size() - 1:
+        time.sleep(0.3)
+    count = 2 * UNNAMED_SLOTS + 3
+    handles = [rt.allreduce_async(np.full(3, float(i + rt.rank())), op=rt.Sum) for i in range(count)]
+    for i, handle in reversed(list(enumerate(handles))):
+        np.testing.assert_array_equal(handle.wait(), np.full(3, rt.size() * i + rt.size() * (rt.size() - 1) / 2))
+
+
+def test_an_async_call_that_is_polled_or_never_waited_for_still_runs():
+    """A small async allreduce is held back for a prompt wait (the express path); polling it starts it, and peers
+    that wait for it synchronously are not held up by a rank that computes before its wait."""
+    import time
+    rt.barrier()
+    handle = rt.allreduce_async(np.ones(4), op=rt.Sum, name="forms.polled")
+    deadline = time.monotonic() + 10
+    while not handle.poll():
+        assert time.monotonic() < deadline, "a polled async allreduce never finished"
+        time.sleep(0.001)
+    np.testing.assert_array_equal(handle.wait(), np.full(4, float(rt.size())))
+    for step in range(3):
+        rt.barrier()
+        if rt.rank() == 0:
+            handle = rt.allreduce_async(np.ones(4), op=rt.Sum, name="forms.late_wait")
+            time.sleep(0.5)                                   # computes before it waits
+            np.testing.assert_array_equal(handle.wait(), np.full(4, float(rt.size())))
+        else:
+            start = time.monotonic()
+            np.testing.assert_array_equal(rt.allreduce(np.ones(4), op=rt.Sum, name="forms.late_wait"),
+                                          np.full(4, float(rt.size())))
+            took = time.monotonic() - start
+            assert took < 0.3, f"rank {rt.rank()} waited {took:.2f}s for rank 0's unwaited async allreduce"
+
+
+def test_a_mismatch_in_an_unnamed_call_is_the_usual_clear_error():
+    rt.barrier()
+    odd = rt.size() - 1
+    shape = (5,) if rt.rank() == odd else (4,)
+    with pytest.raises(rt.TensorMismatchError) as info:
+        hvd.allreduce(torch.ones(shape), op=hvd.Sum)
+    message = str(info.value)
+    others = "rank 0 has" if rt.size() == 2 else f"ranks {','.join(map(str, range(odd)))} have"
+    assert f"{others} allreduce shape (4,) float32 op Sum" in message, message
+    assert f"rank {odd} has allreduce shape (5,) float32 op Sum" in message, message
+    assert "allreduce.noname." in message, message
+    # the job goes on: the next unnamed calls agree
+    for _ in range(3):
+        assert torch.equal(hvd.allreduce(torch.ones(4), op=hvd.Sum), torch.full((4,), float(rt.size())))
+
+
+def test_autograd_still_records_when_a_gradient_is_wanted():
+    x = torch.from_numpy(data(6, 0, rt.rank())).requires_grad_()
+    y = hvd.allreduce(x, op=hvd.Sum, name="forms.grad")
+    assert y.requires_grad
+    (y * torch.arange(6.0)).sum().backward()
+    # Horovod's rule: the gradient of a Sum allreduce is the Sum allreduce of the gradient
+    np.testing.assert_array_equal(x.grad.numpy(), rt.size() * np.arange(6.0, dtype=np.float32))
+    with torch.no_grad():
+        z = hvd.allreduce(x, name="forms.nograd")
+    assert not z.requires_grad
+    np.testing.assert_allclose(z.numpy(), reference(6, 0), rtol=1e-6)
