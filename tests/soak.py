@@ -16,7 +16,9 @@ agreement's eager slots, the shm transport's one-barrier limit, its region (SOAK
 its private chunks; rank-dependent first dimensions and splits; broadcast roots that vary; names that recur and
 names used once (with SOAK_CONFIG's cache capacity of 32, a program goes far past it); in-place allreduces of
 arrays in the transport's shared window and of private ones; ops on a process set (the even ranks), which only
-its members run. A failure names the seed; the same seed replays the same program on every rank.
+its members run; synchronous allreduces in each public form (the core call, an async call waited at once, the
+torch binding in place and out of place). A failure names the seed; the same seed replays the same program on every
+rank.
 """
 import argparse
 import sys
@@ -37,6 +39,10 @@ SIZES = (0, 1, 7, 33, 1031, 4099, 9001)
 LARGE_SIZES = (20011, 70001, 300007)
 LARGE_ODDS = 12
 NAME_POOL = [f"soak.t{i}" for i in range(24)]   # names recur across batches, with new shapes and dtypes
+# how a synchronous allreduce is called: the core call, an async call waited at once (held back for the express
+# path), or the torch binding (out of place without autograd, or allreduce_ in place)
+SYNC_FORMS = ("core", "prompt_async", "torch")
+TORCH_DTYPES = ("float16", "float32", "float64", "int8", "uint8", "int32", "int64")
 SOAK_CONFIG = {"fusion_threshold": 16 << 10, "segment_bytes": 4096, "cache_capacity": 32}
 SHARED_SCRATCH_BYTES = 4 << 20      # per rank: in-window arrays are carved from one empty_shared() block
 
@@ -141,6 +147,11 @@ def random_program(choose, size, n_ops):
             for spec in ops:      # automatic names only where the call order is the same on every rank
                 if choose.integer(0, 2) == 0:
                     spec["name"] = None
+                if spec["kind"] in ("allreduce", "grouped_allreduce"):     # the public forms of a sync call
+                    spec["form"] = choose.choice(SYNC_FORMS)
+                    if spec["form"] == "torch" and (spec["kind"] != "allreduce" or spec["shared"]
+                                                    or spec["dtype"] not in TORCH_DTYPES):
+                        spec["form"] = "core"
         batches.append({"async": asynchronous, "ops": ops})
         op_id += length
     return {"seed": seed, "batches": batches}
@@ -276,6 +287,17 @@ class Call:
             return self.rt.barrier(**kwargs)
         if self.spec["kind"] == "allreduce" and self.spec["in_place"]:
             array = self._in_place(array, kwargs)
+        form = self.spec.get("form", "core")
+        if form == "torch":
+            import torch
+            import ringtrain.torch as hvd
+            tensor = torch.from_numpy(array)
+            if kwargs.pop("out", None) is not None:
+                hvd.allreduce_(tensor, **kwargs)
+                return array
+            return hvd.allreduce(tensor, **kwargs).numpy()
+        if form == "prompt_async":
+            return getattr(self.rt, self.spec["kind"] + "_async")(array, **kwargs).wait()
         return getattr(self.rt, self.spec["kind"])(array, **kwargs)
 
     def submit_async(self):
