@@ -187,7 +187,8 @@ def test_step_breakdown_quick(tmp_path):
     synchronize() before the last rank finished its backward (after_last >= 0), and waits are never negative.
     With overlap a rank's last bucket leaves from a hook inside backward(), so a peer may finish that allreduce
     while this rank is still returning from backward(): there after_last may dip below 0 by that return's time
-    (-0.08 ms seen in CI), never by a step's worth."""
+    (-0.08 ms seen in a quiet CI run, -3 to -5 ms on a machine loaded 5x over), never by a step's worth: the bound
+    is the step's own forward and backward time, not a fixed number of milliseconds."""
     if mpiexec() is None:
         pytest.skip("mpiexec not found")
     pytest.importorskip("torch")
@@ -204,7 +205,8 @@ def test_step_breakdown_quick(tmp_path):
             if mode in ("no-comm", "ddp"):    # free-running ranks share no step; DDP meets inside backward()
                 assert r["after_last"] is None and r["wait"] is None
             else:
-                assert r["after_last"] >= (-1.0 if mode == "overlap" else 0) and r["wait"] >= 0, (mode, r)
+                floor = -r["fwd_bwd"] if mode == "overlap" else 0
+                assert r["after_last"] >= floor and r["wait"] >= 0, (mode, r)
             assert 0 < r["fwd_bwd"] < r["step_wall"] and r["faults"] >= 0 and r["proc_cpu"] > 0
             if mode in ("after-backward", "overlap"):
                 # the account of ringtrain's own time: the one bucket's allreduce ran on the transport, its cycle
