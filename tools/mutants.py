@@ -1023,6 +1023,16 @@ MUTANTS = [
            (Tests(("tests/test_faults.py",), select="stall_leaves and numpy and 2"),),
            "a rank that skipped a collective has its next call ended too, and is one call ahead ever after"),
 
+    Mutant("sparse_average_divides_by_the_world_in_a_set", "ringtrain/torch/functions.py",
+           "    return size() if process_set is None or process_set.process_set_id == 0 else process_set.size()",
+           "    return size()",
+           (Tests(("tests/parallel/test_torch_api.py",), ranks=3, select="sparse_average"),),
+           "a sparse gradient averaged in a process set is divided by the world's size"),
+    Mutant("non_contiguous_in_place_result_not_copied_back", "ringtrain/torch/functions.py",
+           "    if work is not tensor:\n        with torch.no_grad():",
+           "    if work is not tensor and False:\n        with torch.no_grad():",
+           (Tests(("tests/parallel/test_torch_api.py",), ranks=2, select="non_contiguous"),),
+           "an in-place allreduce of a non-contiguous tensor reduces a copy and leaves the tensor as it was"),
 ]
 
 

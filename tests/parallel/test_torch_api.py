@@ -253,3 +253,34 @@ def test_async_in_place_forms_and_alltoall_async():
     _, splits64 = hvd.synchronize(hvd.alltoall_async(rows, splits=torch.tensor([2] * n, dtype=torch.int64),
                                                      name="async_.alltoall.int64"))
     assert splits64.dtype == torch.int64
+
+
+@pytest.mark.mpi(min_size=3)
+def test_sparse_average_in_a_process_set_divides_by_the_sets_size():
+    """Average over a set of 2 of the 3+ ranks: the set's sum over 2, not over the world's size."""
+    pair = hvd.add_process_set([0, 1])
+    try:
+        if pair.included():
+            values = torch.sparse_coo_tensor(torch.tensor([[hvd.rank()]]), torch.tensor([2.0 + hvd.rank()]), (3,))
+            got = hvd.synchronize(hvd.sparse_allreduce_async(values, "api.sparse.set", hvd.Average,
+                                                             process_set=pair))
+            torch.testing.assert_close(got.to_dense(), torch.tensor([2.0, 3.0, 0.0]) / 2)
+    finally:
+        hvd.remove_process_set(pair)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("inplace", ["allreduce_", "grouped_allreduce_"])
+def test_in_place_allreduce_of_a_non_contiguous_tensor_writes_the_tensor(inplace):
+    n = hvd.size()
+    base = torch.arange(12.0).reshape(3, 4) * (hvd.rank() + 1)
+    view = base.t()                                   # non-contiguous: the allreduce runs on a contiguous copy
+    assert not view.is_contiguous()
+    want = torch.arange(12.0).reshape(3, 4).t() * sum(r + 1 for r in range(n))
+    if inplace == "allreduce_":
+        out = hvd.allreduce_(view, op=hvd.Sum, name="api.noncontig")
+    else:
+        (out,) = hvd.grouped_allreduce_([view], op=hvd.Sum, name="api.noncontig.grouped")
+    assert out is view
+    torch.testing.assert_close(view, want)
+    torch.testing.assert_close(base, want.t())
