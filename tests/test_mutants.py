@@ -99,3 +99,21 @@ def test_a_sample_of_mutants_chosen_from_the_commit_is_caught():
     assert proc.returncode == 0 and " CAUGHT " in proc.stdout, (
         f"a planted bug was not caught (seed {seed}; rerun with RINGTRAIN_MUTANT_SEED={seed} "
         f"python tools/mutants.py --sample 3 --seed {seed}):\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}")
+
+
+def test_every_module_has_a_planted_bug_or_a_reason():
+    """A module of the package is covered by a mutant, or WITHOUT_MUTANT says why it needs none, or it is on the
+    NOT_YET list, which may only shrink: a module that gains a mutant leaves it, and a new module must not join it."""
+    package = os.path.join(REPO, "ringtrain")
+    modules = {os.path.relpath(os.path.join(d, f), REPO) for d, _, fs in os.walk(package) for f in fs
+               if f.endswith(".py")}
+    covered = {m.path for m in mutants.MUTANTS}
+    listed = set(mutants.WITHOUT_MUTANT) | set(mutants.NOT_YET)
+    assert not set(mutants.WITHOUT_MUTANT) & set(mutants.NOT_YET)
+    assert not (listed - modules), f"listed but gone: {sorted(listed - modules)}"
+    assert not (covered & set(mutants.NOT_YET)), f"these have a mutant now: take them off NOT_YET: " \
+                                                 f"{sorted(covered & set(mutants.NOT_YET))}"
+    assert not (covered & set(mutants.WITHOUT_MUTANT)), sorted(covered & set(mutants.WITHOUT_MUTANT))
+    uncovered = modules - covered - listed
+    assert not uncovered, f"modules with neither a planted bug nor a reason in WITHOUT_MUTANT: {sorted(uncovered)}"
+    assert len(mutants.NOT_YET) <= 25, "NOT_YET may only shrink"
