@@ -590,3 +590,37 @@ def unrecorded_output(text):
                 if not any(out_line.rstrip() in t for t in texts):
                     wrong.append((line, out_line))
     return wrong
+
+
+GPU_POINTER = re.compile(r"\bGPU\b[^.]{0,60}\b(?:numbers|figures|measurements|results)\b|"
+                         r"\b(?:numbers|figures|measurements|results)\b[^.]{0,30}\bGPUs?\b", re.IGNORECASE)
+LINK = re.compile(r"\]\(([^)#\s]+\.md)(?:#[^)]*)?\)")
+
+
+def gpu_pointers_to_pages_without_gpu_results(text, page_path):
+    """Sentences that send the reader to other pages for the GPU numbers: one page they link must cite a GPU
+    results file (benchmarks/results/gpu_*), or the pointer leads to no GPU figure at all."""
+    wrong = []
+    for _, sentence in sentences(text):
+        if not GPU_POINTER.search(sentence):
+            continue
+        targets = [t for t in LINK.findall(sentence)
+                   if os.path.exists(os.path.normpath(os.path.join(os.path.dirname(page_path), t)))]
+        if targets and not any(name.startswith("gpu") for t in targets for name in cited_results_files(
+                read(os.path.normpath(os.path.join(os.path.dirname(page_path), t))))):
+            wrong.append(f"{', '.join(targets)} (linked for the GPU numbers) cite no gpu_* results file")
+    return wrong
+
+
+FIT_ERROR = re.compile(r"\b(?:fit|fitted)\b[^.]{0,80}\berrors?\b|\berrors?\b[^.]{0,40}\bfit\b", re.IGNORECASE)
+
+
+def model_without_its_fit_error(text):
+    """A page that quotes a fitted model's projections (a results file with a max_fit_err column, and a sentence
+    that projects a percentage) must say how far the fit is from the measurements: the projections are only as good
+    as the fit. (An index that only describes the file quotes nothing.)"""
+    if not any("project" in sentence and "%" in sentence for _, sentence in sentences(text)):
+        return []
+    fitted = [name for name in cited_results_files(text) if name.endswith((".txt", ".json"))
+              and os.path.exists(os.path.join(RESULTS, name)) and "max_fit_err" in read(os.path.join(RESULTS, name))]
+    return fitted if fitted and not FIT_ERROR.search(strip_code(text)) else []

@@ -195,6 +195,10 @@ def test_statements_the_code_and_results_decide(page):
     measured = dc.measured_copy_fractions(dc.read(os.path.join(RESULTS, "gpu_validation_h200.txt")))
     wrong = dc.copy_fraction_contradictions(text, measured)
     assert not wrong, f"{rel(page)}: {wrong} (gpu_validation_h200.txt)"
+    wrong = dc.gpu_pointers_to_pages_without_gpu_results(text, page)
+    assert not wrong, f"{rel(page)} sends readers elsewhere for the GPU numbers: {wrong}"
+    fitted = dc.model_without_its_fit_error(text)
+    assert not fitted, f"{rel(page)} cites the fitted model {fitted} without saying how large its fit error is"
 
 
 @pytest.mark.parametrize("page", USER_PAGES + [os.path.join(REPO, "CHANGELOG.md")],
@@ -403,3 +407,18 @@ def test_an_absent_extra_skips_and_fails_under_require_extras(tmp_path, require,
     assert outcome in done.stdout, done.stdout + done.stderr
     if require:
         assert "RINGTRAIN_REQUIRE_EXTRAS=1" in done.stdout and "[jax] extra is not installed" in done.stdout
+
+
+def test_fixture_a_pointer_for_the_gpu_numbers_must_lead_to_them(tmp_path):
+    (tmp_path / "performance.md").write_text("CPU figures only, from `allreduce_cpu_full_sweep.json`.\n")
+    (tmp_path / "gpus.md").write_text("From `benchmarks/results/gpu_validation_h200.txt`: it ran.\n")
+    readme = tmp_path / "README.md"
+    stale = "How these were measured, and the GPU numbers: [docs](performance.md).\n"
+    assert dc.gpu_pointers_to_pages_without_gpu_results(stale, str(readme))
+    assert not dc.gpu_pointers_to_pages_without_gpu_results("The GPU measurements: [GPUs](gpus.md).\n", str(readme))
+
+
+def test_fixture_a_fitted_model_without_its_fit_error():
+    page = "The model (`benchmarks/results/scaling_model.txt`) projects 95% at 1,024 GPUs.\n"
+    assert dc.model_without_its_fit_error(page) == ["scaling_model.txt"]
+    assert not dc.model_without_its_fit_error(page + "Its largest fit error is 17% to 78%.\n")
