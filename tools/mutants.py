@@ -1026,7 +1026,7 @@ MUTANTS = [
     Mutant("sparse_average_divides_by_the_world_in_a_set", "ringtrain/torch/functions.py",
            "    return size() if process_set is None or process_set.process_set_id == 0 else process_set.size()",
            "    return size()",
-           (Tests(("tests/parallel/test_torch_api.py",), ranks=3, select="sparse_average"),),
+           (Tests(("tests/parallel/test_torch_api.py",), ranks=2, select="sparse_average"),),
            "a sparse gradient averaged in a process set is divided by the world's size"),
     Mutant("non_contiguous_in_place_result_not_copied_back", "ringtrain/torch/functions.py",
            "    if work is not tensor:\n        with torch.no_grad():",
