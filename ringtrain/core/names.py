@@ -14,11 +14,16 @@ _counters = collections.Counter()
 _lock = threading.Lock()
 
 
+def _given(name):
+    """A name the caller gave: a non-empty str, else TypeError."""
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a non-empty str, got {name!r}")
+    return name
+
+
 def auto_name(kind, name):
     if name is not None:
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"name must be a non-empty str, got {name!r}")
-        return name
+        return _given(name)
     with _lock:
         _counters[kind] += 1
         return f"{kind}.noname.{_counters[kind]}"
@@ -30,9 +35,7 @@ UNNAMED_SLOTS = 8
 def slot_name(kind, name):
     """`name` when given, else the next of UNNAMED_SLOTS names of `kind` in call order (see above)."""
     if name is not None:
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"name must be a non-empty str, got {name!r}")
-        return name
+        return _given(name)
     with _lock:
         n = _counters[kind]
         _counters[kind] = n + 1
