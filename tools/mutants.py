@@ -968,6 +968,12 @@ MUTANTS = [
            "`ringtrain.tensorflow` keeps Horovod's names: `SyncBatchNormalization`, `DistributedGradientTape`,",
            (Tests(("tests/test_docs_truth.py",), select="porting_tables and horovod"),),
            "the porting page says ringtrain.tensorflow keeps a name it does not have"),
+    Mutant("docs_torch_table_lists_is_homogeneous", "docs/porting/horovod.md",
+           "| `size`, `local_size`, `cross_size`, `rank`, `local_rank`, `cross_rank` | supported | extra",
+           "| `size`, `local_size`, `cross_size`, `rank`, `local_rank`, `cross_rank`, `is_homogeneous` | supported"
+           " | extra",
+           (Tests(("tests/test_porting_guide_names.py",), select="horovods_exports"),),
+           "the horovod.torch table lists is_homogeneous, which horovod.torch 0.28.1 does not export"),
     Mutant("docs_h_flag_makes_a_job_elastic", "docs/guides/launching.md",
            "- Any of `--min-np`, `--max-np` or `--host-discovery-script` makes the job elastic;",
            "- Any of `--min-np`, `--max-np`, `-H` or `--host-discovery-script` makes the job elastic;",
