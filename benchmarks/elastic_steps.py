@@ -53,7 +53,7 @@ def worker(steps, warmup, drive):
     hvd.init()
     _, engine, config, _ = core_state._state
     if drive is not None:
-        engine.agreement.drives_mpi = drive     # the benchmark's switch only: see the module docstring
+        engine.control.drives_mpi = drive     # the benchmark's switch only: see the module docstring
     rank, size = hvd.rank(), hvd.size()
     model = mlp()
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -98,7 +98,7 @@ def worker(steps, warmup, drive):
     wrong = int(hvd.allreduce(torch.tensor([float(wrong)]), op=hvd.Sum, name="wrong").item())
     if rank == 0:
         print("STEPS " + json.dumps({"size": size, "times": times, "wrong": wrong, "out_of_sync": unlike,
-                                     "elastic": config.elastic, "drives_mpi": engine.agreement.drives_mpi}), flush=True)
+                                     "elastic": config.elastic, "drives_mpi": engine.control.drives_mpi}), flush=True)
     hvd.shutdown()
 
 

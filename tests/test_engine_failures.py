@@ -20,7 +20,7 @@ class _Peers:
         return RankFailureError("rank 1 (pid 4242) has died") if self.dead else None
 
 
-class _Agreement:
+class _Control:
     def __init__(self):
         self.announced = []
 
@@ -31,7 +31,7 @@ class _Agreement:
 def _engine(dead_peer):
     engine = Engine.__new__(Engine)          # no world: only what _pass_failed reads
     engine.rank, engine.size = 0, 2
-    engine.watchdog, engine.agreement = _Peers(dead_peer), _Agreement()
+    engine.watchdog, engine.control = _Peers(dead_peer), _Control()
     engine.failures = []
     engine._fail = lambda error, **how: engine.failures.append((error, how))
     return engine
@@ -44,7 +44,7 @@ def test_an_mpi_error_in_the_agreement_names_the_peer_that_died():
     engine._pass_failed(MPI.Exception(MPI.ERR_OTHER))
     [(error, how)] = engine.failures
     assert isinstance(error, RankFailureError) and "rank 1 (pid 4242) has died" in str(error)
-    assert how == {"fatal_peer": True} and engine.agreement.announced == []
+    assert how == {"fatal_peer": True} and engine.control.announced == []
 
 
 def test_an_mpi_error_with_every_peer_alive_is_a_crash_of_this_engine():
@@ -52,7 +52,7 @@ def test_an_mpi_error_with_every_peer_alive_is_a_crash_of_this_engine():
     engine._pass_failed(MPI.Exception(MPI.ERR_OTHER))
     [(error, how)] = engine.failures
     assert type(error) is RingtrainError and "crashed" in str(error) and how["stop"]
-    assert len(engine.agreement.announced) == 1
+    assert len(engine.control.announced) == 1
 
 
 class _NoMPI:

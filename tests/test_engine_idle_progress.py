@@ -1,31 +1,35 @@
 """An engine pass that runs nothing makes one MPI call in a world whose MPI moves data only inside MPI calls, and
 none in other worlds; checked single-process with stand-ins (the elastic and joined worlds that need it are in
 test_elastic.py and test_launch_environment.py, whose waits also drive MPI and so cannot tell this half apart)."""
-import queue
+import threading
 
 import pytest
 from mpi4py import MPI
 
-from ringtrain.engine.agreement import CoordinatorAgreement
+from ringtrain.engine.control import ControlChannel
 from ringtrain.engine.engine import Engine
+from ringtrain.engine.intake import Intake
 
 
 class _Ctrl:
-    """The agreement's communicator: counts the probes made on it."""
+    """The engine's control communicator: counts the probes made on it."""
 
     def __init__(self):
         self.probes = []
+
+    def Get_rank(self):
+        return 0
+
+    def Get_size(self):
+        return 2
 
     def Iprobe(self, source, tag):
         self.probes.append((source, tag))
         return False
 
 
-class _IdleAgreement(CoordinatorAgreement):
+class _IdleAgreement:
     """Nothing to agree on: every poll returns no action."""
-
-    def __init__(self, drives_mpi):
-        self.ctrl, self._sends, self.drives_mpi = _Ctrl(), [], drives_mpi
 
     def poll(self):
         return []
@@ -42,8 +46,8 @@ def test_an_idle_pass_probes_mpi_only_where_the_world_needs_it(drives_mpi):
     coordinator's answer, a root's broadcast) until its next MPI call: each idle pass makes one. A normal job's
     idle passes make none."""
     engine = Engine.__new__(Engine)          # no world: only what _pass reads
-    engine.queue, engine.agreement, engine.watchdog = queue.Queue(), _IdleAgreement(drives_mpi), _Watchdog()
-    engine._deferred = None                  # no async call held back for a prompt wait
+    engine.intake, engine.agreement, engine.watchdog = Intake(0, threading.Event()), _IdleAgreement(), _Watchdog()
+    engine.control = ControlChannel(_Ctrl(), engine.watchdog, drives_mpi)
     for _ in range(3):
         assert engine._pass() is False
-    assert engine.agreement.ctrl.probes == ([(MPI.ANY_SOURCE, MPI.ANY_TAG)] * 3 if drives_mpi else [])
+    assert engine.control.ctrl.probes == ([(MPI.ANY_SOURCE, MPI.ANY_TAG)] * 3 if drives_mpi else [])

@@ -1,4 +1,5 @@
-"""How the ranks agree on what to run next: the control-message layer around the Coordinator (negotiation.py).
+"""How the ranks agree on what to run next, around the Coordinator (negotiation.py); the messages travel on the
+engine's control channel (control.py).
 
 Two implementations of one small interface, chosen from the topology:
 
@@ -26,18 +27,16 @@ nodes; an array in the transport's shared window only up to SHARED_EAGER_BYTES) 
 id is such an allreduce and EVERY rank published that id, its Collective says so (source SLOTS, with the slots'
 views) and the executor reduces the published copies in rank order (bitwise the same result everywhere) straight
 into its output before this rank enters another cycle: the agreement exchange is the only synchronisation a small
-allreduce pays. The agreement itself never touches tensor data: it only decides (typed actions, engine_model.py).
+allreduce pays. The agreement itself never touches tensor data: it only decides (typed actions, model.py).
 Express: a synchronous cached host allreduce with nothing else pending on this rank skips the request machinery
 altogether (express()): one cycle on the caller's thread, then the executor (from the slots or the transport).
 A rank enters the next cycle when it has something new, when a peer has entered it (the engine thread looks for
 that even while idle), or, on rank 0, when the Coordinator's stall check is due. Nothing new anywhere means nobody
 cycles: no busy loop.
 """
-import logging
 import time
 
-from mpi4py import MPI
-
+from .control import TAG_FROM_COORDINATOR, TAG_TO_COORDINATOR
 from .cycle_exchange import MESSAGE_CYCLE_MAX_RANKS, MessageExchange, WindowExchange
 from .model import Collective, Source, Warn, express_eligible
 from ..errors import StallError
@@ -46,13 +45,6 @@ from ..ops import DTYPES
 from .response_cache import CacheView
 from ..transports.segments import Segments
 
-log = logging.getLogger("ringtrain")
-
-TAG_TO_COORDINATOR = 11
-TAG_FROM_COORDINATOR = 12
-TAG_FAILURE = 14            # "my engine failed": every peer ends its waits and its engine on it
-ANNOUNCE_S = 2.0            # how long a failing rank waits for its peers to take its failure message (each
-                            # looks every peer_check_s, 0.5 s by default, wherever it waits or idles)
 STALL_CHECK_PERIOD_S = 0.5
 
 
@@ -61,15 +53,13 @@ class CoordinatorAgreement:
 
     synchronous = False              # ranks name cache ids in messages at any time (see response_cache.py)
 
-    def __init__(self, ctrl, config, watchdog, cache_capacity):
-        self.ctrl, self.config, self.watchdog = ctrl, config, watchdog
-        self.rank, self.size = ctrl.Get_rank(), ctrl.Get_size()
-        self.drives_mpi = config.drive_mpi_progress     # see progress()
+    def __init__(self, control, config, watchdog, cache_capacity):
+        self.control, self.config, self.watchdog = control, config, watchdog
+        self.rank, self.size = control.rank, control.size
         self.coordinator = (Coordinator(self.size, config.fusion_threshold, config.stall_warning_s,
                                         config.stall_timeout_s, cache_capacity=cache_capacity,
                                         synchronous=self.synchronous) if self.rank == 0 else None)
         self.cache = CacheView()         # (name, Meta) -> id assigned by rank 0, the same on every rank
-        self._sends = []                 # outstanding isends on ctrl
         self._outbox = []                # messages for the coordinator not yet sent
         self._items = []                 # submissions not yet in a message
         self._next_stall_check = time.monotonic() + STALL_CHECK_PERIOD_S
@@ -107,15 +97,15 @@ class CoordinatorAgreement:
             if actions:
                 changes = self.coordinator.take_new_cache_entries()
                 for r in range(1, self.size):
-                    self._isend(("actions", actions, changes), r, TAG_FROM_COORDINATOR)
+                    self.control.send(("actions", actions, changes), r, TAG_FROM_COORDINATOR)
                 self._apply_cache_changes(changes)
         else:
             actions = []
-            while self.ctrl.iprobe(source=0, tag=TAG_FROM_COORDINATOR):
-                _, more, changes = self.ctrl.recv(source=0, tag=TAG_FROM_COORDINATOR)
+            while (received := self.control.receive(TAG_FROM_COORDINATOR, source=0)) is not None:
+                _, more, changes = received[1]
                 self._apply_cache_changes(changes)
                 actions.extend(more)
-        self.progress_sends()
+        self.control.progress_sends()
         return actions
 
     def plan_with_stall_check(self, force_check=False):
@@ -138,7 +128,7 @@ class CoordinatorAgreement:
         if self.rank == 0:
             self._coordinate(0, message)
         else:
-            self._isend(message, 0, TAG_TO_COORDINATOR)
+            self.control.send(message, 0, TAG_TO_COORDINATOR)
 
     def _apply_cache_changes(self, changes):
         """Every rank, in the order rank 0 made them; returns the ids whose meaning changed."""
@@ -154,54 +144,8 @@ class CoordinatorAgreement:
             self.coordinator.shutdown(rank)
 
     def _receive_submissions(self):
-        status = MPI.Status()
-        while self.ctrl.iprobe(source=MPI.ANY_SOURCE, tag=TAG_TO_COORDINATOR, status=status):
-            source = status.Get_source()
-            self._coordinate(source, self.ctrl.recv(source=source, tag=TAG_TO_COORDINATOR))
-
-    def _isend(self, message, dest, tag):
-        # never a blocking send: the destination may be busy in a ring step that needs us
-        self.watchdog.check_sendable()
-        self._sends.append(self.ctrl.isend(message, dest=dest, tag=tag))
-
-    def progress_sends(self):
-        """Test outstanding sends: MPI moves a large (rendezvous) message only while the sender calls into MPI."""
-        if self._sends:
-            self._sends = [r for r in self._sends if not r.Test()]
-
-    def progress(self):
-        """What every wait calls between polls (Watchdog.progress): progress_sends, and in a world whose MPI
-        progresses only inside MPI calls (drives_mpi) one Iprobe, so MPI moves what this rank already handed to it.
-
-        A world joined from separately started processes (elastic, torchrun-style) is made of dynamic processes: every
-        message between them, on one node too, goes through MPICH's network module, and ofi moves data only while the
-        process calls into MPI (init() sets config.drive_mpi_progress for such worlds). A request can be
-        complete here while its data has not left: the root of a broadcast, a ring step's send, the coordinator's
-        answer. A rank that then waits on shared memory (a cycle in the window, the shm transport) or sleeps would
-        leave its peers waiting until its next MPI call -- the Watchdog's peer check, every peer_check_s."""
-        self.progress_sends()
-        if self.drives_mpi:
-            self.ctrl.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)
-
-    def announce_failure(self, message):
-        """Tell every peer this rank's engine failed (best effort: this rank is failing, MPI may be too). A
-        synchronous send, waited for up to ANNOUNCE_S: a plain send may complete while the message still sits in
-        this process, and the caller may end the process right after."""
-        try:
-            sends = [self.ctrl.issend(message, dest=p, tag=TAG_FAILURE) for p in range(self.size) if p != self.rank]
-            deadline = time.monotonic() + ANNOUNCE_S
-            while sends and time.monotonic() < deadline:
-                sends = [r for r in sends if not r.Test()]
-                time.sleep(1e-3)
-        except Exception:
-            log.debug("rank %d: could not announce the engine failure", self.rank, exc_info=True)
-
-    def failed_peer(self):
-        """A peer's failure announcement, or None (the Watchdog asks every peer_check_s, wherever this rank waits)."""
-        status = MPI.Status()
-        if not self.ctrl.iprobe(source=MPI.ANY_SOURCE, tag=TAG_FAILURE, status=status):
-            return None
-        return self.ctrl.recv(source=status.Get_source(), tag=TAG_FAILURE)
+        while (received := self.control.receive(TAG_TO_COORDINATOR)) is not None:
+            self._coordinate(*received)
 
     def close(self):
         pass
@@ -223,8 +167,8 @@ class CycleAgreement(CoordinatorAgreement):
 
     synchronous = True               # ids are named only in cycles; every change is applied in the slow cycle
 
-    def __init__(self, ctrl, exchange, config, watchdog, cache_capacity, shared=None):
-        super().__init__(ctrl, config, watchdog, cache_capacity)
+    def __init__(self, control, exchange, config, watchdog, cache_capacity, shared=None):
+        super().__init__(control, config, watchdog, cache_capacity)
         self._exchange = exchange
         self._shared = shared or (lambda array: False)   # does the host transport reduce this array where it lies?
         self._ready = 0                  # bitmap (Python int) of this rank's fast-path ids
@@ -408,12 +352,10 @@ class CycleAgreement(CoordinatorAgreement):
         if self.rank == 0:
             self._coordinate_items(0, items)
             pending = set(self._peers)
-            status = MPI.Status()
 
             def collect():
-                while pending and self.ctrl.iprobe(source=MPI.ANY_SOURCE, tag=TAG_TO_COORDINATOR, status=status):
-                    source = status.Get_source()
-                    cycle, theirs = self.ctrl.recv(source=source, tag=TAG_TO_COORDINATOR)
+                while pending and (received := self.control.receive(TAG_TO_COORDINATOR)) is not None:
+                    source, (cycle, theirs) = received
                     assert cycle == c, f"rank {source} sent cycle {cycle} items in cycle {c}"
                     self._coordinate_items(source, theirs)
                     pending.discard(source)
@@ -423,17 +365,18 @@ class CycleAgreement(CoordinatorAgreement):
             actions = self.plan_with_stall_check()
             new_cache = self.coordinator.take_new_cache_entries()
             for r in self._peers:
-                self._isend((c, actions, new_cache), r, TAG_FROM_COORDINATOR)
-            self.progress_sends()
+                self.control.send((c, actions, new_cache), r, TAG_FROM_COORDINATOR)
+            self.control.progress_sends()
         else:
-            self._isend((c, items), 0, TAG_TO_COORDINATOR)
+            self.control.send((c, items), 0, TAG_TO_COORDINATOR)
             answer = []
 
             def receive():
-                self.progress_sends()
-                if not self.ctrl.iprobe(source=0, tag=TAG_FROM_COORDINATOR):
+                self.control.progress_sends()
+                received = self.control.receive(TAG_FROM_COORDINATOR, source=0)
+                if received is None:
                     return False
-                answer.append(self.ctrl.recv(source=0, tag=TAG_FROM_COORDINATOR))
+                answer.append(received[1])
                 return True
 
             self._wait(receive, f"agreement cycle {c}: the coordinator's answer")
@@ -495,19 +438,21 @@ def window_eager_bytes(size):
     return limit // 4096 * 4096        # whole pages: slots stay aligned for any dtype and for the cache
 
 
-def make_agreement(topology, ctrl, config, watchdog, shared=None):
+def make_agreement(topology, control, config, watchdog, copy_in, shared=None):
     """One node: cycles through a shared window. Several nodes: cycles through messages, up to
     MESSAGE_CYCLE_MAX_RANKS ranks (each cycle costs N - 1 messages per rank); beyond that the coordinator.
-    shared(array): does the host transport reduce this array where it lies (see CycleAgreement._eager_fits)?"""
+    shared(array): does the host transport reduce this array where it lies (see CycleAgreement._eager_fits)?
+    copy_in(slot, array): the executor's copy of an eager allreduce's data into this rank's slot."""
     # rank 0 assigns the ids, and every rank's slots must hold its bitmaps: rank 0's capacity is the job's
-    capacity = max(0, int(ctrl.bcast(config.cache_capacity, root=0)))
+    capacity = max(0, int(control.ctrl.bcast(config.cache_capacity, root=0)))
     if topology.size == 1:
-        return CoordinatorAgreement(ctrl, config, watchdog, capacity)
+        return CoordinatorAgreement(control, config, watchdog, capacity)
     words = max(1, -(-capacity // 64))
     if topology.single_node:
-        exchange = WindowExchange(topology.local, config, watchdog, words, window_eager_bytes(topology.size))
+        exchange = WindowExchange(topology.local, config, watchdog, words, window_eager_bytes(topology.size),
+                                  copy_in)
     elif topology.size <= MESSAGE_CYCLE_MAX_RANKS:
-        exchange = MessageExchange(ctrl, config, watchdog, words, EAGER_BYTES)
+        exchange = MessageExchange(control.ctrl, config, watchdog, words, EAGER_BYTES, copy_in)
     else:
-        return CoordinatorAgreement(ctrl, config, watchdog, capacity)
-    return CycleAgreement(ctrl, exchange, config, watchdog, capacity, shared)
+        return CoordinatorAgreement(control, config, watchdog, capacity)
+    return CycleAgreement(control, exchange, config, watchdog, capacity, shared)

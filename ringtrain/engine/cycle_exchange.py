@@ -75,8 +75,9 @@ def _read_bitmap(words_view, words):
 class _Exchange:
     """What both exchanges share: slot views per (rank, parity) and reading them."""
 
-    def __init__(self, rank, size, config, watchdog, max_words, eager_bytes):
+    def __init__(self, rank, size, config, watchdog, max_words, eager_bytes, copy_in):
         self.rank, self.size, self.config, self.watchdog = rank, size, config, watchdog
+        self._copy_in = copy_in                 # copy_in(slot view, array): the executor's copy into our slot
         self.peers = [p for p in range(size) if p != rank]
         if eager_bytes % _LINE:              # the next slot's int64 header must stay aligned
             raise ValueError(f"eager_bytes must be a multiple of {_LINE}, got {eager_bytes}")
@@ -122,7 +123,7 @@ class _Exchange:
         cid, array = eager
         header[2] = cid
         header[3] = array.nbytes
-        np.copyto(mine.eager_data(array.nbytes, array.dtype), array.reshape(-1))
+        self._copy_in(mine.eager_data(array.nbytes, array.dtype), array)
         return _SlotViews.header_bytes(self._max_words) + array.nbytes
 
     def _stall(self, c, missing):
@@ -134,8 +135,8 @@ class _Exchange:
 class WindowExchange(_Exchange):
     """Slots in an MPI shared-memory window on the node communicator (every rank on one node)."""
 
-    def __init__(self, node, config, watchdog, max_words, eager_bytes):
-        super().__init__(node.Get_rank(), node.Get_size(), config, watchdog, max_words, eager_bytes)
+    def __init__(self, node, config, watchdog, max_words, eager_bytes, copy_in):
+        super().__init__(node.Get_rank(), node.Get_size(), config, watchdog, max_words, eager_bytes, copy_in)
         # per rank: one cache line holding the cycle number it last published, then its two slots
         per_rank = _LINE + 2 * self.slot_bytes
         self._win = MPI.Win.Allocate_shared(per_rank, 1, comm=node)
@@ -188,8 +189,8 @@ class WindowExchange(_Exchange):
 class MessageExchange(_Exchange):
     """Slots as point-to-point messages on the control communicator: each rank sends its slot to every peer."""
 
-    def __init__(self, ctrl, config, watchdog, max_words, eager_bytes):
-        super().__init__(ctrl.Get_rank(), ctrl.Get_size(), config, watchdog, max_words, eager_bytes)
+    def __init__(self, ctrl, config, watchdog, max_words, eager_bytes, copy_in):
+        super().__init__(ctrl.Get_rank(), ctrl.Get_size(), config, watchdog, max_words, eager_bytes, copy_in)
         self._ctrl = ctrl
         buffers = [(np.zeros(self.slot_bytes, np.uint8), np.zeros(self.slot_bytes, np.uint8)) for _ in range(self.size)]
         self._buffers = buffers

@@ -19,35 +19,32 @@ agreement cycles while this rank is idle.
 
 Every wait is a polled wait through the Watchdog, so a dead peer, a stall or an abort ends in an error naming
 ranks and tensors, never a hang.
+
+Beside this module: intake.py (the queue, the names in flight, the held-back request), driving.py (who runs the
+passes and how they wait), control.py (the control messages), failure.py (what a failed pass becomes).
 """
-import atexit
 import logging
-import os
-import queue
 import sys
 import threading
 import time
 
-from mpi4py import MPI
-
 from .. import errors
 from .agreement import make_agreement
+from .control import ControlChannel
+from .driving import Driver
 from .model import Collective, Failed, JoinDone, Shutdown, Warn, express_eligible
-from ..errors import RankFailureError, RingtrainError, ShutdownError, StallError
+from ..errors import RankFailureError, ShutdownError, StallError
 from .executor import Executor
+from .failure import DEAD_PEER_EXIT_GRACE_S, FailedIn, arm_hard_exit, pass_failure
 from .fusion import HOST_OPS
 from .handle import Handle
+from .intake import Intake
 from .request import Request
 from ..transports.segments import Segments
-from .watchdog import YIELD_S, Watchdog
+from .watchdog import Watchdog
 
 log = logging.getLogger("ringtrain")
 
-DEAD_PEER_EXIT_GRACE_S = 5.0
-SPIN_PASSES = 50               # passes spent yielding the CPU right after activity, before sleeping
-FAST_POLL_S = 2e-5             # poll period while an answer is owed (the OS rounds it up to ~60 us)
-FAST_POLLS = 200               # ... for about the first 10 ms, then back off to cycle_time
-IDLE_SLEEP_S = 0.02            # background sleep with nothing in flight (wakes at once on an async submit)
 DEFER_BYTES = 64 << 10         # an async allreduce up to this size, submitted while the engine is idle, waits for
                                # its wait() to run it express (see submit)
 
@@ -61,26 +58,25 @@ class Engine:
         self.watchdog = Watchdog(topology.local_peers, config.peer_check_s)
         self.host_ops = HOST_OPS
         self.executor = Executor(topology, config, self.watchdog)
-        self.agreement = make_agreement(topology, self.ctrl, config, self.watchdog,
+        self.control = ControlChannel(self.ctrl, self.watchdog, config.drive_mpi_progress)
+        self.agreement = make_agreement(topology, self.control, config, self.watchdog, self.executor.copy_into_slot,
                                         shared=self.executor.transport("cpu").holds)
         # waits inside transports keep our control messages moving (see Watchdog.progress), and end when a peer
         # says its engine failed
-        self.watchdog.progress = self.agreement.progress
-        self.watchdog.failed_peer = self.agreement.failed_peer
+        self.watchdog.progress = self.control.progress
+        self.watchdog.failed_peer = self.control.failed_peer
         self.requests = {}              # name -> Request taken from the queue, not yet run (progress lock)
         self._running = ()              # the requests of the collective being executed
-        self.submitted_names = set()    # names queued or in flight (state lock): duplicate detection
-        self.queue = queue.SimpleQueue()
         self.wake = threading.Event()
-        self._state_lock = threading.Lock()
+        self.intake = Intake(self.rank, self.wake)     # the queue, the names in flight, a held-back request
+        self._state_lock = self.intake.lock
         self._progress_lock = threading.Lock()
-        self._drivers = 0               # callers currently driving: the background thread then stays out
-        self._deferred = None           # an async request not handed to the engine yet (submit; state lock)
         self.failed = None              # a fatal RingtrainError: every later call raises it
         self.join_handle = None
         self.shutdown_requested = False
         self.finished = threading.Event()   # the engine stopped: shutdown agreed, or a fatal failure
-        self.thread = threading.Thread(target=self._background, name="ringtrain-engine", daemon=True)
+        self.driver = Driver(self)      # who runs the passes, and how they wait in between
+        self.thread = threading.Thread(target=self.driver.background, name="ringtrain-engine", daemon=True)
         self.thread.start()
 
     # ------------------------------------------------------------------------------------------------ caller side
@@ -92,45 +88,33 @@ class Engine:
         thread is not woken. A prompt wait() then runs it express on the caller's thread (one agreement cycle, no
         thread hand-off: what a synchronous call costs). Anything else hands it to the engine first, in submission
         order: another submission or call on this engine, a poll() of its handle, any engine pass (a peer's
-        cycle included), or else the background thread's next look, within IDLE_SLEEP_S."""
+        cycle included), or else the background thread's next look, within driving.IDLE_SLEEP_S."""
         self._admit(request)
+        intake = self.intake
         if (express_eligible(request.meta) and len(request.arrays) == 1 and request.outs[0] is not None
-                and request.arrays[0].nbytes <= DEFER_BYTES and not request.grouped):
-            with self._state_lock:
-                if (self._deferred is None and not self.requests and self.queue.empty()
-                        and self.join_handle is None and not self._drivers):
-                    self._deferred = request
-                    request.handle._start = self._flush_deferred
-                    return
-        self._flush_deferred()
-        self.queue.put(request)
-        self.wake.set()
-
-    def _flush_deferred(self):
-        """Hand the deferred request (if any) to the engine's queue (see submit)."""
-        if self._deferred is None:
+                and request.arrays[0].nbytes <= DEFER_BYTES and not request.grouped
+                and intake.hold(request, self._idle)):
+            request.handle._start = intake.flush
             return
-        with self._state_lock:
-            request, self._deferred = self._deferred, None
-        if request is not None:
-            self.queue.put(request)
-            self.wake.set()
+        intake.flush()
+        intake.put(request)
+
+    def _idle(self):
+        """State lock held: nothing in flight here and no caller driving (see submit)."""
+        return not self.requests and self.join_handle is None and not self.driver.count
 
     def _run_deferred(self, request):
         """wait() on the deferred request: run it express on this thread. True when it is done (its handle has its
         result); False when it went to the engine instead (the caller drives on as for any request)."""
-        with self._state_lock:
-            if self._deferred is not request:
-                return False
-            self._deferred = None
+        if not self.intake.claim(request):
+            return False
         outcome = self.express(request.name, request.meta, request.arrays[0], request.outs[0], request)
         if outcome is True:
-            with self._state_lock:
-                self.submitted_names.discard(request.name)
+            self.intake.release(request.name)
             request.handle._set_result(request.result())
             return True
         if outcome is None:                # express did not apply: an ordinary request after all
-            self.queue.put(request)
+            self.intake.queue.put(request)
         return False
 
     def run(self, request):
@@ -138,8 +122,8 @@ class Engine:
         running a pass the request skips the queue (after what this thread queued before it, so the order of
         submission holds) and the caller's first pass starts from it."""
         self._admit(request)
-        self._flush_deferred()
-        self._drive_until(request.handle.done, None, first=request)
+        self.intake.flush()
+        self.driver.until(request.handle.done, None, first=request)
 
     def _admit(self, request):
         with self._state_lock:
@@ -147,23 +131,14 @@ class Engine:
                 raise self.failed
             if self.shutdown_requested:
                 raise ShutdownError("ringtrain is shutting down; no new collectives")
-            if request.name in self.submitted_names:
-                raise ValueError(f"tensor name {request.name!r} is already in flight on rank {self.rank}; "
-                                 "wait for it before reusing the name")
-            self.submitted_names.add(request.name)
+            self.intake.admit(request.name)
 
     def await_names_free(self, name):
         """Drive the engine until no collective named `name` (or `name`.<part>) is in flight on this rank: the
         recurring names of unnamed calls (names.slot_name) are reused only then."""
-        if not self.submitted_names:
-            return
-        dotted = name + "."
-
-        def free():
-            with self._state_lock:
-                return not any(n == name or n.startswith(dotted) for n in self.submitted_names)
-        if not free():
-            self._drive_until(free, None)
+        in_flight = self.intake.in_flight
+        if in_flight(name):
+            self.driver.until(lambda: not in_flight(name), None)
             if self.failed is not None:
                 raise self.failed
 
@@ -171,16 +146,15 @@ class Engine:
         with self._state_lock:
             if self.failed is not None:
                 raise self.failed
-        self._flush_deferred()
-        self.queue.put(("join", handle))
-        self.wake.set()
+        self.intake.flush()
+        self.intake.put(("join", handle))
 
     def shutdown(self, timeout):
         with self._state_lock:
             self.shutdown_requested = True
-        self._flush_deferred()
-        self.queue.put(("shutdown", None))
-        self._drive_until(self.finished.is_set, time.monotonic() + timeout)
+        self.intake.flush()
+        self.intake.put(("shutdown", None))
+        self.driver.until(self.finished.is_set, time.monotonic() + timeout)
         if not self.finished.wait(0):
             log.warning("rank %d: shutdown() waited %.0fs for the other ranks to shut down; leaving anyway",
                         self.rank, timeout)
@@ -212,91 +186,10 @@ class Engine:
 
     def drive(self, handle, deadline=None):
         """Progress the engine on the caller's thread until `handle` is done (or the deadline passes)."""
-        deferred = self._deferred
+        deferred = self.intake.deferred
         if deferred is not None and deferred.handle is handle and self._run_deferred(deferred):
             return
-        self._drive_until(handle.done, deadline)
-
-    def _drive_until(self, done, deadline, first=None):
-        with self._state_lock:
-            self._drivers += 1
-        try:
-            idle = 0
-            lock = self._progress_lock
-            # with a core per rank, this caller polls the answer it waits for instead of sleeping (Watchdog.yield_s)
-            patient_s = self.watchdog.yield_s()
-            patient_s = patient_s if patient_s > YIELD_S else 0.0
-            idle_since = 0.0
-            while not self.finished.is_set() and (first is not None or not done()):
-                if deadline is not None and time.monotonic() > deadline:
-                    return
-                if not lock.acquire(blocking=False):
-                    if first is not None:     # someone is mid-pass: the request takes the queue after all
-                        self.queue.put(first)
-                        first = None
-                    # the background thread is running a pass (likely this very collective): give it the CPU, but
-                    # no OS sleep -- that would add ~60 us after it finishes
-                    os.sched_yield()
-                    continue
-                try:
-                    if first is not None:
-                        self._take_submissions()
-                        self._register(first)
-                        first = None
-                    busy = self._guarded_pass()
-                finally:
-                    lock.release()
-                if busy:
-                    idle = 0
-                else:
-                    idle += 1
-                    if idle == 1:
-                        idle_since = time.monotonic()
-                    elif patient_s and time.monotonic() - idle_since < patient_s:
-                        os.sched_yield()
-                        continue
-                    self._idle_wait(idle, owed=True)
-        finally:
-            if first is not None:             # the engine stopped before the request could be registered
-                with self._state_lock:
-                    self.submitted_names.discard(first.name)
-                first.handle._set_error(self.failed or ShutdownError(
-                    f"rank {self.rank}: ringtrain was shut down before this collective completed"))
-            with self._state_lock:
-                self._drivers -= 1
-            if self.requests or not self.queue.empty():
-                self.wake.set()     # async work remains: the background thread takes over
-
-    # ------------------------------------------------------------------------------------------------ background
-    def _background(self):
-        idle = 0
-        while not self.finished.is_set():
-            if self._drivers:
-                self.wake.wait(IDLE_SLEEP_S)     # a caller is driving; it wakes us when it leaves
-                self.wake.clear()
-                continue
-            with self._progress_lock:
-                busy = self._guarded_pass()
-            if busy:
-                idle = 0
-                continue
-            idle += 1
-            self._idle_wait(idle, owed=bool(self.requests or self.join_handle or self.agreement.owes()))
-
-    def _idle_wait(self, idle, owed):
-        """Nothing happened in the last pass. With work in flight an answer (or a peer's cycle) can come any moment:
-        yield the CPU for a few passes, then poll every few tens of microseconds, backing off to cycle_time. With
-        nothing in flight no answer is owed to us: sleep long, waking at once for a local async submission."""
-        if owed:
-            if idle < SPIN_PASSES:
-                os.sched_yield()
-                return
-            delay = FAST_POLL_S if idle < FAST_POLLS else min(self.config.cycle_time_ms * 1e-3,
-                                                               FAST_POLL_S * (idle - FAST_POLLS + 1))
-        else:
-            delay = IDLE_SLEEP_S
-        if self.wake.wait(delay):
-            self.wake.clear()
+        self.driver.until(handle.done, deadline)
 
     # ------------------------------------------------------------------------------------------------ one pass
     def _guarded_pass(self):
@@ -311,29 +204,13 @@ class Engine:
 
     def _pass_failed(self, e):
         """Whatever a pass raised becomes the engine's failure (KeyboardInterrupt and SystemExit go on up)."""
-        if isinstance(e, (_FailedIn, MPI.Exception)) and self.size > 1:
-            # an MPI call can fail on a peer that was just killed before the watchdog's next look -- in a collective,
-            # or in the agreement's own sends and probes (MPICH's ofi returns an error there): name the peer, not a
-            # crash of this engine
-            e = self.watchdog.peer_failure() or e
-        if isinstance(e, RankFailureError):       # a peer died, failed, or this world was abandoned
-            self._fail(e, fatal_peer=True)
+        error, announcement = pass_failure(e, self.rank, self.size, self.watchdog)
+        if announcement is None:                  # a peer died, failed, or this world was abandoned
+            self._fail(error, fatal_peer=True)
             return
-        if isinstance(e, (KeyboardInterrupt, SystemExit)):
-            error = RingtrainError(f"ringtrain engine on rank {self.rank} stopped: interrupted inside a collective "
-                                   f"({e!r})")
-            announcement = str(error)
-        elif isinstance(e, StallError):          # a peer never came: the message says who
-            error = e
-            announcement = f"ringtrain engine on rank {self.rank} stopped: {e}"
-        else:  # a bug in ringtrain itself
-            log.error("rank %d: ringtrain engine crashed", self.rank, exc_info=e)
-            where, cause = (f" in {e}", e.__cause__) if isinstance(e, _FailedIn) else ("", e)
-            error = RingtrainError(f"ringtrain engine on rank {self.rank} crashed{where}: {cause!r}")
-            announcement = str(error)
         # peers may be waiting for this rank anywhere (a cycle, a barrier, an MPI request): tell them first, then
         # fail every local handle; the process ends soon, as one whose peer died does
-        self.agreement.announce_failure(announcement)
+        self.control.announce_failure(announcement)
         self._fail(error, stop=True, exit_soon=self.size > 1)
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise e
@@ -347,7 +224,7 @@ class Engine:
         when the cycle decided otherwise and the collective continues on the general path; None when it does not
         apply (something else in flight, a first sighting, a timeline being written) and nothing was done.
         `request`: the deferred async request this is (see submit), which becomes the ordinary request if need be."""
-        self._flush_deferred()
+        self.intake.flush()
         timeline = self.executor.timeline
         if (self.requests or self.join_handle is not None or (timeline is not None and not timeline.closed)
                 or not express_eligible(meta)):
@@ -357,7 +234,7 @@ class Engine:
             return None
         try:
             if (self.failed is not None or self.shutdown_requested or self.finished.is_set() or self.requests
-                    or not self.queue.empty()):
+                    or not self.intake.queue.empty()):
                 return None
             start = time.perf_counter()
             make_request = self._express_request if request is None else self._registered(request)
@@ -391,7 +268,7 @@ class Engine:
     def _express_request(self, name, meta, array, out):
         """The request an express allreduce becomes when its cycle did not finish it (progress lock held)."""
         with self._state_lock:
-            self.submitted_names.add(name)
+            self.intake.names.add(name)
         if isinstance(array, Segments):    # a grouped allreduce: the general path packs its arrays
             request = Request(name, meta, tuple(array.given), tuple(out.given), Handle((name,), self.drive),
                               HOST_OPS, grouped=True)
@@ -402,27 +279,25 @@ class Engine:
         return request
 
     def _pass(self):
-        if self._deferred is not None:
-            self._flush_deferred()
+        if self.intake.deferred is not None:
+            self.intake.flush()
         busy = self._take_submissions()
         actions = self.agreement.poll()
         if actions:
             busy = True
             self._execute(actions)
-        elif self.agreement.drives_mpi:
-            self.agreement.progress()       # MPI moves what this rank handed it only inside MPI calls
+        elif self.control.drives_mpi:
+            self.control.progress()       # MPI moves what this rank handed it only inside MPI calls
         self.watchdog.check("the next collective")
         return busy
 
     def _take_submissions(self):
-        queue_ = self.queue
-        if queue_.empty():              # the usual case: cheaper than a get_nowait() raising Empty
+        intake = self.intake
+        if intake.queue.empty():        # the usual case: no generator made
             return False
-        while True:
-            try:
-                item = queue_.get_nowait()
-            except queue.Empty:
-                return True
+        busy = False
+        for item in intake.take():
+            busy = True
             if isinstance(item, tuple):
                 kind, handle = item
                 if kind == "join":
@@ -430,6 +305,7 @@ class Engine:
                 self.agreement.add_control(kind)
                 continue
             self._register(item)
+        return busy
 
     def _register(self, request):
         """Progress lock held: the request is this engine's now."""
@@ -470,14 +346,13 @@ class Engine:
         except Exception as e:
             # fatal to the engine (_fail() errors self._running too): the peers may be inside this very collective,
             # waiting for this rank, so no rank may simply go on to the next one
-            raise _FailedIn(f"{action.kind} of {', '.join(map(repr, action.names[:4]))}") from e
+            raise FailedIn(f"{action.kind} of {', '.join(map(repr, action.names[:4]))}") from e
         self._running = ()
 
     def _take(self, name):
         req = self.requests.pop(name, None)
         if req is not None:
-            with self._state_lock:
-                self.submitted_names.discard(name)
+            self.intake.release(name)
             t = req.handle.times
             t["started"] = time.perf_counter()
             timeline = self.executor.timeline
@@ -516,12 +391,8 @@ class Engine:
         if self.join_handle is not None:
             self.join_handle._set_error(error)
             self.join_handle = None
-        self._flush_deferred()
-        while True:   # requests still in the local queue
-            try:
-                item = self.queue.get_nowait()
-            except queue.Empty:
-                break
+        self.intake.flush()
+        for item in self.intake.take():   # requests still in the local queue
             handle = item[1] if isinstance(item, tuple) else item.handle
             if handle is not None:
                 handle._set_error(error)
@@ -529,7 +400,7 @@ class Engine:
             self.finished.set()
             self.wake.set()
         if exit_soon and not self.config.elastic:      # an elastic job re-forms its world instead
-            _arm_hard_exit(DEAD_PEER_EXIT_GRACE_S)
+            arm_hard_exit(DEAD_PEER_EXIT_GRACE_S)
 
     def _finish_shutdown(self):
         error = ShutdownError(f"rank {self.rank}: ringtrain was shut down before this collective completed")
@@ -570,27 +441,3 @@ class Engine:
         except Exception:
             pass
 
-
-class _FailedIn(Exception):
-    """Which collective a crash happened in (the crash itself is its __cause__)."""
-
-
-_hard_exit_armed = False
-
-
-def _arm_hard_exit(grace):
-    global _hard_exit_armed
-    if _hard_exit_armed:
-        return
-    _hard_exit_armed = True
-
-    def _exit():
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
-
-    timer = threading.Timer(grace, _exit)
-    timer.daemon = True
-    timer.start()
-    # interpreter exit before the timer fires must not run MPI_Finalize against a dead peer either
-    atexit.register(_exit)

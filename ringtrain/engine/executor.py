@@ -1,6 +1,6 @@
 """Runs one agreed collective on this rank: picks the transport and buffer ops, packs, runs the ring, unpacks, and
 completes the requests' handles. The only code that reads or writes tensor or slot data. Knows nothing of
-agreement; the engine hands it a Collective (engine_model.py: which tensors, where their data is, what scales apply)
+agreement; the engine hands it a Collective (model.py: which tensors, where their data is, what scales apply)
 and this rank's requests for its names (None where this rank has no request: it joined and contributes zeros), or,
 for the express path, the Collective and one bare array.
 
@@ -50,6 +50,12 @@ class Executor:
         self.timeline = open_timeline(config, self.rank)
         self.stats = CommStats()
         self._bucket_count = 0
+
+    @staticmethod
+    def copy_into_slot(slot, array):
+        """An eager allreduce's data into this rank's slot of the agreement cycle (the exchange publishes the slot
+        right after: cycle_exchange.py moves slots, this writes what is in them)."""
+        slot[:] = array.reshape(-1)
 
     def transport(self, device):
         t = self.transports.get(device)
