@@ -17,6 +17,9 @@ Implementations (each skipped with a printed reason where it cannot run here):
                      (RINGTRAIN_SIMULATE_NODES=2): the flat mpi ring vs the hierarchy (shm inside each pretend node,
                      mpi between them), with a hierarchical/flat ratio table; on 2 ranks (1+1) the hierarchy is
                      the flat ring plus its bookkeeping
+  ringtrain-shm-average / -adasum  rt.allreduce(x, op=rt.Average / rt.Adasum) (not in the default run), with a
+                     time ratio table against ringtrain-shm (Sum) when it ran too; Adasum is checked against a float64
+                     reference of its pairwise rule (relative error 1e-5), not against the sum
   ringtrain-<t>-raw  the transport class alone: .allreduce on its already-packed staging buffer, no engine,
                      no pack/unpack, so API time minus raw time is what the engine costs
   MPI_Allreduce      mpi4py comm.Allreduce (bfloat16 through a user-defined numpy op: MPI has no bfloat16)
@@ -242,6 +245,39 @@ class RingtrainAPI:
 
     def stop(self):
         self.rt.shutdown()
+
+
+class RingtrainOp(RingtrainAPI):
+    """rt.allreduce with another op than Sum on the shm transport: its #wrong compares with that op's float64
+    reference (relative to the largest magnitude, 1e-5), since neither an average nor Adasum is exact here."""
+
+    def __init__(self, comm, op):
+        super().__init__(comm, "shm")
+        self.op = op
+        self.name = f"ringtrain-shm-{op}"
+
+    def runner(self, x, dtype_name, nbytes):
+        rt, op = self.rt, self.op
+        name = f"bench.{op}.{dtype_name}.{nbytes}"
+
+        def run():
+            return rt.allreduce(x, op=op, name=name)
+        return run, run
+
+    def count_wrong(self, result, ranks, count):
+        vectors = [make_input(r, count, np.float64) for r in range(ranks)]
+        expected = sum(vectors) / ranks if self.op == "average" else _adasum_tree(vectors)
+        error = np.abs(np.asarray(result, np.float64).reshape(-1) - expected)
+        return int(np.count_nonzero(error > 1e-5 * max(np.abs(expected).max(initial=0.0), 1.0)))
+
+
+def _adasum_tree(vectors):
+    """Adasum's rule, (1 - a.b/2|a|^2) a + (1 - a.b/2|b|^2) b, over the ranks' halves recursively (rank order)."""
+    if len(vectors) == 1:
+        return vectors[0]
+    a, b = _adasum_tree(vectors[:len(vectors) // 2]), _adasum_tree(vectors[len(vectors) // 2:])
+    dot, aa, bb = a @ b, a @ a, b @ b
+    return (1 - dot / (2 * aa) if aa else 1.0) * a + (1 - dot / (2 * bb) if bb else 1.0) * b
 
 
 class RingtrainPretendNodes(RingtrainAPI):
@@ -515,7 +551,7 @@ def init_torch_distributed(comm, backend):
 def build_impls(comm, names):
     impls = [
         RingtrainAPI(comm, "shm"), RingtrainTorch(comm, "shm"), RingtrainShared(comm, "shm"),
-        RawTransport(comm, "shm"),
+        RawTransport(comm, "shm"), RingtrainOp(comm, "average"), RingtrainOp(comm, "adasum"),
         RingtrainAPI(comm, "mpi"), RawTransport(comm, "mpi"),
         RingtrainPretendNodes(comm, hierarchical=False), RingtrainPretendNodes(comm, hierarchical=True),
         MPIAllreduce(comm), TorchGloo(comm), HorovodTorch(comm),
@@ -572,12 +608,13 @@ def run_impl(impl, comm, sizes, dtypes, args, log, progress):
                 log(f"# {impl.name} {dtype_name}: skipped ({problem or 'another rank could not run it'})")
                 progress.advance(sum(expected_seconds(n, args) for n in sizes if n >= nbytes), f"{impl.name} skipped")
                 break
-            wrong = count_wrong(result, make_expected(ranks, count))
+            wrong = (impl.count_wrong(result, ranks, count) if hasattr(impl, "count_wrong")
+                     else count_wrong(result, make_expected(ranks, count)))
             wrong = comm.allreduce(wrong, op=MPI.SUM)
             seconds, calls = time_collective(run, comm, args.batch_seconds, args.repeats)
             algbw = count * dtype.itemsize / seconds / 1e9
             records.append({"impl": impl.name, "ranks": ranks, "bytes": count * dtype.itemsize, "count": count,
-                            "dtype": dtype_name, "op": "sum", "time_us": seconds * 1e6, "algbw_gbps": algbw,
+                            "dtype": dtype_name, "op": getattr(impl, "op", "sum"), "time_us": seconds * 1e6, "algbw_gbps": algbw,
                             "busbw_gbps": common.bus_bandwidth(algbw, ranks), "wrong": wrong, "calls": calls})
             if wrong:
                 note = "WRONG RESULTS"
@@ -691,6 +728,11 @@ def main(argv=None):
             print()
             print(common.ratio_table(records, "MPI_Allreduce", "time_us").replace(
                 "time_us ratio", "time ratio (>1 = slower than MPI_Allreduce),"))
+        by_op = [r for r in records if r["impl"] in ("ringtrain-shm", "ringtrain-shm-average", "ringtrain-shm-adasum")]
+        if len({r["impl"] for r in by_op}) > 1 and any(r["impl"] == "ringtrain-shm" for r in by_op):
+            print()
+            print(common.ratio_table(by_op, "ringtrain-shm", "time_us").replace(
+                "time_us ratio", "time ratio (>1 = slower than Sum),"))
         split = [r for r in records if r["impl"].startswith("ringtrain-2nodes-")]
         if {r["impl"] for r in split} == {"ringtrain-2nodes-flat", "ringtrain-2nodes-hierarchical"}:
             print()

@@ -9,8 +9,8 @@ from .errors import UnsupportedDtypeError, UnsupportedOperationError
 
 class ReduceOp(enum.IntEnum):
     """How a collective combines the ranks' values, element by element: Sum, Average (the sum divided by the number
-    of ranks; integers rounded toward zero, as Horovod), Min, Max or Product. Adasum exists for Horovod's
-    signatures and raises UnsupportedOperationError."""
+    of ranks; integers rounded toward zero, as Horovod), Min, Max or Product. Adasum (below) is not elementwise and
+    is not one of them."""
     AVERAGE = 0
     SUM = 1
     MIN = 2
@@ -26,7 +26,8 @@ Product = ReduceOp.PRODUCT
 
 
 class _Adasum:
-    """Horovod's Adasum op, so scripts that name it import; using it raises UnsupportedOperationError."""
+    """Horovod's Adasum op: allreduce and grouped_allreduce (and the bindings' DistributedOptimizer) combine the
+    ranks' float tensors by the adaptive summation rule (see ringtrain.core.adasum); other collectives refuse it."""
 
     def __repr__(self):
         return "Adasum"
@@ -62,11 +63,21 @@ UFUNCS = {
 }
 
 
+def is_adasum(op):
+    return op is Adasum or (isinstance(op, str) and op.lower() == "adasum")
+
+
+def as_allreduce_op(op):
+    """as_op(), but Adasum (the object or the name 'adasum') is returned as Adasum: what allreduce accepts."""
+    return Adasum if is_adasum(op) else as_op(op)
+
+
 def as_op(op):
-    """Accept ReduceOp, its int value, or a name such as 'sum' / 'Average'."""
-    if op is Adasum or (isinstance(op, str) and op.lower() == "adasum"):
-        raise UnsupportedOperationError("op=Adasum is not supported by ringtrain yet; use Average (the default) or "
-                                        "Sum (Horovod's --use-adasum paths: leave the flag off)")
+    """Accept ReduceOp, its int value, or a name such as 'sum' / 'Average'. Adasum raises UnsupportedOperationError:
+    callers that take it use as_allreduce_op()."""
+    if is_adasum(op):
+        raise UnsupportedOperationError("op=Adasum applies to allreduce, grouped_allreduce and DistributedOptimizer "
+                                        "only; use Average (the default) or Sum here")
     if isinstance(op, ReduceOp):
         return op
     if isinstance(op, str):
@@ -83,11 +94,11 @@ def as_op(op):
 
 
 
-def resolve_op(op, average):
+def resolve_op(op, average, adasum=False):
     """A binding's `op=` / Horovod's deprecated `average=` flag: `op` wins when both are given; neither means
-    Average, average=False means Sum."""
+    Average, average=False means Sum. adasum=True: Adasum is accepted (allreduce's forms)."""
     if op is not None:
-        return as_op(op)
+        return as_allreduce_op(op) if adasum else as_op(op)
     if average is None or average:
         return Average
     return Sum

@@ -67,12 +67,13 @@ def test_allreduce_quick_records_are_complete_and_correct(allreduce_quick):
     impls = {r["impl"] for r in records}
     # every host implementation README.md's Performance table quotes, and the torch-tensor path, must have run
     # (GPU ones skip here)
-    wanted = README_IMPLEMENTATIONS | {"ringtrain-torch-shm"}
+    wanted = README_IMPLEMENTATIONS | {"ringtrain-torch-shm", "ringtrain-shm-adasum"}
     assert wanted <= impls, (sorted(wanted - impls), stdout[-3000:])
     for r in records:
         assert RECORD_KEYS <= set(r), r
         assert r["wrong"] == 0, f"{r['impl']} {r['dtype']} {r['bytes']} B: {r['wrong']} wrong elements"
-        assert r["ranks"] == 2 and r["dtype"] == "float32" and r["op"] == "sum"
+        assert r["ranks"] == 2 and r["dtype"] == "float32"
+        assert r["op"] == {"ringtrain-shm-average": "average", "ringtrain-shm-adasum": "adasum"}.get(r["impl"], "sum")
         assert r["time_us"] > 0
         assert r["algbw_gbps"] == pytest.approx(r["bytes"] / (r["time_us"] * 1e-6) / 1e9, rel=1e-9)
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * 2 * (2 - 1) / 2, rel=1e-9)

@@ -2,7 +2,7 @@
 
 The names below were read off the scripts in horovod/horovod examples/pytorch/ (listed per script); each must exist
 in ringtrain.torch, the DistributedOptimizer / broadcast keywords they pass must be accepted, and the objects they use
-must behave as those scripts expect on one rank (Adasum: a clear "not supported yet" error, not an AttributeError).
+must behave as those scripts expect on one rank (Adasum: the Adasum optimizer, a local step on one rank).
 """
 import inspect
 
@@ -55,9 +55,20 @@ def test_their_code_paths_run_on_one_rank(rt):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    # --use-adasum: the op is named without error; using it says clearly that it is not supported yet
-    with pytest.raises(hvd.UnsupportedOperationError, match="Adasum is not supported"):
-        hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), op=hvd.Adasum)
+    # --use-adasum: on one rank the Adasum optimizer's step is the plain step
+    adasum_model = torch.nn.Linear(3, 2)
+    plain_model = torch.nn.Linear(3, 2)
+    plain_model.load_state_dict(adasum_model.state_dict())
+    adasum = hvd.DistributedOptimizer(torch.optim.SGD(adasum_model.parameters(), lr=0.1, momentum=0.9),
+                                      named_parameters=adasum_model.named_parameters(), op=hvd.Adasum)
+    plain = torch.optim.SGD(plain_model.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(2):
+        for m, o in ((adasum_model, adasum), (plain_model, plain)):
+            o.zero_grad()
+            m(torch.ones(4, 3)).square().sum().backward()
+            o.step()
+    for p, q in zip(adasum_model.parameters(), plain_model.parameters()):
+        torch.testing.assert_close(p, q)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          compression=hvd.Compression.fp16, backward_passes_per_step=1,
                                          op=hvd.Average, gradient_predivide_factor=1.0)

@@ -72,6 +72,7 @@ CHURN = "tests/parallel/test_name_churn.py"
 SOAK = "tests/parallel/test_soak.py"
 API_FORMS = "tests/parallel/test_api_forms.py"
 SHARDED = "tests/parallel/test_sharded_optimizer.py"
+ADASUM = "tests/parallel/test_adasum.py"
 
 BENCHMARKS = "tests/test_benchmarks.py"
 IMPORT_GRAPH = "tests/test_import_graph.py"
@@ -1050,6 +1051,36 @@ MUTANTS = [
            "    return size()",
            (Tests(("tests/parallel/test_torch_api.py",), ranks=2, select="sparse_average"),),
            "a sparse gradient averaged in a process set is divided by the world's size"),
+    Mutant("adasum_dot_product_per_bucket", "ringtrain/core/adasum.py",
+           "counts = [arrays[i].size for i in positions]",
+           "counts = [sum(arrays[i].size for i in positions)]",
+           (Tests((ADASUM,), ranks=2, select="fused"),),
+           "a grouped Adasum takes one dot product over the whole fused buffer instead of one per tensor"),
+    Mutant("adasum_float64_sums_not_rescaled", "ringtrain/core/adasum.py",
+           "if _TINY_SUM <= min(aa, bb) and max(aa, bb) <= _HUGE_SUM:",
+           "if True:",
+           (Tests((ADASUM,), ranks=2, select="magnitudes"),),
+           "float64 squares near tiny underflow and near sqrt(max) overflow: the coefficients are wrong"),
+    Mutant("adasum_optimizer_steps_alone", "ringtrain/torch/adasum_optimizer.py",
+           "if deltas and state.process_set.included() is not False:",
+           "if False:",
+           (Tests((ADASUM,), ranks=2, select="distributed_optimizer"),),
+           "the Adasum optimizer applies each rank's own step and never combines them"),
+    Mutant("keras_adasum_packed_into_one_buffer", "ringtrain/tensorflow/gradients.py",
+           "if not all(isinstance(a, np.ndarray) for a in host) or reducer.scaling.op is Adasum:",
+           "if not all(isinstance(a, np.ndarray) for a in host):",
+           (Tests(("tests/parallel_tf/test_tf_adasum.py",), ranks=2, select="keras"),),
+           "keras packs a bucket's gradients into one shared buffer: Adasum's dot product is per bucket"),
+    Mutant("jax_adasum_bucket_packed", "ringtrain/jax/optimizer.py",
+           "if outputs is None and self.reducer.scaling.op is Adasum:",
+           "if False:",
+           (Tests(("tests/parallel_jax/test_jax_adasum.py",), ranks=2, select="optimizer"),),
+           "the JAX optimizer packs a bucket into one buffer: Adasum's dot product is per bucket"),
+    Mutant("mixed_group_results_by_position_in_part", "ringtrain/core/group_handles.py",
+           "for i, r in zip(positions, handle.wait(timeout)):",
+           "for i, r in enumerate(handle.wait(timeout)):",
+           (Tests((GROUPED_EXPRESS,), ranks=2, select="mixed_dtypes"),),
+           "a grouped allreduce of several dtypes returns each dtype's results at the front of the list"),
     Mutant("non_contiguous_in_place_result_not_copied_back", "ringtrain/torch/functions.py",
            "    if work is not tensor:\n        with torch.no_grad():",
            "    if work is not tensor and False:\n        with torch.no_grad():",

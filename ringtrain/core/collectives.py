@@ -8,12 +8,15 @@ import pickle
 import numpy as np
 
 from . import state
-from ..errors import RingtrainError
+from ..errors import RingtrainError, UnsupportedOperationError
 from ..engine.fusion import HOST_OPS, ops_for
 from ..engine.handle import Handle
+from . import adasum
+from .group_handles import ListHandle, MixedGroupHandle
+from .names import auto_name
 from .names import slot_name as _slot_name
 from ..engine.model import Meta, express_eligible
-from ..ops import Average, as_op, check_op_dtype, dtype_name
+from ..ops import Average, Sum, as_op, check_op_dtype, dtype_name, is_adasum
 from .routing import route
 from ..engine.request import Request
 from ..transports.segments import Segments
@@ -94,6 +97,9 @@ def allreduce_async(array, op=Average, name: "str | None" = None, prescale_facto
                     postscale_factor: float = 1.0, out=None, process_set: "ProcessSet | None" = None) -> Handle:
     """Reduce `array` over all ranks (of `process_set`). `out=array` reduces in place. Average divides by the number
     of ranks (integers: rounded toward zero, as Horovod)."""
+    if is_adasum(op):
+        return _adasum([array], None if out is None else [out], name, prescale_factor, postscale_factor,
+                       process_set, False, True)
     return _allreduce(array, op, name, prescale_factor, postscale_factor, out, False, process_set)
 
 
@@ -101,10 +107,13 @@ def allreduce(array, op=Average, name: "str | None" = None, prescale_factor: flo
               postscale_factor: float = 1.0, out=None, process_set: "ProcessSet | None" = None):
     """Reduce `array` over all ranks (of `process_set`) and return the result, a new array unless `out` is given
     (`out=array` reduces in place). `op` is Average (the default: the sum divided by the number of ranks; integers
-    rounded toward zero, as Horovod), Sum, Min, Max or Product. The input is multiplied by `prescale_factor` before
-    the reduction and the result by `postscale_factor` after it. Ranks must call it with the same shape, dtype and op
-    under the same `name` (default: derived from the call order); a mismatch raises TensorMismatchError on every
-    rank."""
+    rounded toward zero, as Horovod), Sum, Min, Max, Product or Adasum (float tensors, a power-of-two number of
+    ranks: ringtrain.core.adasum). The input is multiplied by `prescale_factor` before the reduction and the result
+    by `postscale_factor` after it. Ranks must call it with the same shape, dtype and op under the same `name`
+    (default: derived from the call order); a mismatch raises TensorMismatchError on every rank."""
+    if is_adasum(op):
+        return _adasum([array], None if out is None else [out], name, prescale_factor, postscale_factor,
+                       process_set, True, True).wait()
     to = route(process_set)
     op = as_op(op)
     out = _allreduce_out(array, out)
@@ -141,13 +150,18 @@ def grouped_allreduce_async(arrays, op=Average, name: "str | None" = None, presc
                             process_set: "ProcessSet | None" = None) -> Handle:
     """Many arrays as ONE collective: one name, one agreement, one handle, packed back to back into one bucket.
     wait() returns the list of results (the `outs` themselves when given, e.g. outs=arrays for in place)."""
+    if is_adasum(op):
+        return _adasum(arrays, outs, name, prescale_factor, postscale_factor, process_set, False, False)
     return _grouped_allreduce(arrays, op, name, prescale_factor, postscale_factor, outs, False, process_set)
 
 
 def grouped_allreduce(arrays, op=Average, name: "str | None" = None, prescale_factor: float = 1.0,
                       postscale_factor: float = 1.0, outs=None, process_set: "ProcessSet | None" = None) -> list:
     """Allreduce several arrays as one collective (one agreement, packed into one bucket) and return the list of
-    results; `outs=arrays` reduces them in place. Arguments as allreduce()."""
+    results; `outs=arrays` reduces them in place. Arguments as allreduce(); with op=Adasum each array's dot
+    products are its own, so the result is each array's Adasum."""
+    if is_adasum(op):
+        return _adasum(arrays, outs, name, prescale_factor, postscale_factor, process_set, True, False).wait()
     return _grouped_allreduce(arrays, op, name, prescale_factor, postscale_factor, outs, True, process_set).wait()
 
 
@@ -235,51 +249,6 @@ def _packed_express(eng, name, meta, arrays, outs, sizes):
     return handle
 
 
-class MixedGroupHandle(Handle):
-    """A grouped allreduce over several dtypes: one request per dtype; wait() returns results in input order."""
-    __slots__ = ("count", "parts")
-
-    def __init__(self, count, parts):
-        super().__init__(tuple(n for _, h in parts for n in h.names))
-        self.count, self.parts = count, parts
-
-    def done(self):
-        return all(h.done() for _, h in self.parts)
-
-    def poll(self):
-        return all(h.poll() for _, h in self.parts)
-
-    def wait(self, timeout=None):
-        results = [None] * self.count
-        for positions, handle in self.parts:
-            for i, r in zip(positions, handle.wait(timeout)):
-                results[i] = r
-        self.times.update(started=min(h.times.get("started", 0.0) for _, h in self.parts),
-                          finished=max(h.times.get("finished", 0.0) for _, h in self.parts))
-        return results
-
-
-class ListHandle(Handle):
-    """One handle over several collectives (grouped allgather / reducescatter); wait() returns their results."""
-    __slots__ = ("parts",)
-
-    def __init__(self, parts):
-        super().__init__(tuple(n for h in parts for n in h.names))
-        self.parts = parts
-
-    def done(self):
-        return all(h.done() for h in self.parts)
-
-    def poll(self):
-        return all(h.poll() for h in self.parts)
-
-    def wait(self, timeout=None):
-        results = [h.wait(timeout) for h in self.parts]
-        self.times.update(started=min(h.times.get("started", 0.0) for h in self.parts),
-                          finished=max(h.times.get("finished", 0.0) for h in self.parts))
-        return results
-
-
 def _grouped(kind, start, arrays, name, process_set):
     """A ListHandle over `start(array, part_name)` for each array; parts are named <base>.<i>, so ranks agree."""
     arrays = list(arrays)
@@ -287,6 +256,25 @@ def _grouped(kind, start, arrays, name, process_set):
         raise ValueError(f"{kind} needs at least one array")
     base = _name(kind, name, route(process_set))
     return ListHandle([start(a, f"{base}.{i}") for i, a in enumerate(arrays)])
+
+
+def _adasum(arrays, outs, name, prescale_factor, postscale_factor, process_set, sync, single):
+    """op=Adasum: adasum.py's halving steps over this set's alltoall (a pairwise exchange: only the partner's split
+    is non-zero) and allgather, under names derived from this call's."""
+    to = route(process_set)
+    base = auto_name("adasum" if to.process_set_id == 0 else f"adasum.set{to.process_set_id}", name)
+    arrays = list(arrays)
+    for i, array in enumerate(arrays):
+        if _check_array(array, "allreduce %r tensor %d", base, i) != "cpu":
+            raise UnsupportedOperationError(f"allreduce {base!r}: op=Adasum reduces host arrays; copy to the host")
+
+    def exchange(send, partner, tag):
+        splits = [send.size if r == partner else 0 for r in range(to.size)]
+        return alltoall(send, splits, f"{base}.{tag}", process_set)[0]
+    steps = adasum.Steps(exchange, lambda array, tag, out: allgather(array, f"{base}.{tag}", process_set, out),
+                         lambda array, tag: allreduce(array, Sum, f"{base}.{tag}", process_set=process_set))
+    return adasum.start(arrays, outs, prescale_factor, postscale_factor, to.rank, to.size, steps,
+                        f"allreduce {base!r}", sync, single)
 
 
 # ------------------------------------------------------------------------------------------------ others

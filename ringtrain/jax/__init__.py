@@ -21,7 +21,7 @@ from ringtrain.core.state import (cross_rank, cross_size, init, is_initialized, 
                                   local_size, rank, shutdown, size)
 from ringtrain.errors import (RankFailureError, RingtrainError, StallError, TensorMismatchError,  # noqa: F401
                               UnsupportedDtypeError)
-from ringtrain.ops import Average, Max, Min, Product, ReduceOp, Sum  # noqa: F401
+from ringtrain.ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum  # noqa: F401
 from ringtrain.core.process_sets import (ProcessSet, add_process_set, global_process_set,  # noqa: F401
                                     remove_process_set)
 

@@ -63,8 +63,8 @@ gradients.register("allreduce", AllreduceSpec, _allreduce)
 
 
 def _spec(kind, name, op, average, prescale_factor, postscale_factor, process_set):
-    return AllreduceSpec(collective_name(kind, name, process_set), resolve_op(op, average), float(prescale_factor),
-                         float(postscale_factor), process_set)
+    return AllreduceSpec(collective_name(kind, name, process_set), resolve_op(op, average, adasum=True),
+                         float(prescale_factor), float(postscale_factor), process_set)
 
 
 def allreduce(tensor, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set,

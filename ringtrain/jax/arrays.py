@@ -22,8 +22,9 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from ringtrain.core import adasum
 from ringtrain.errors import UnsupportedDtypeError
-from ringtrain.ops import Average, Max, Min, Sum, check_op_dtype, dtype_name
+from ringtrain.ops import Adasum, Average, Max, Min, Sum, check_op_dtype, dtype_name
 
 XLA_ALIGNMENT = 64
 _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
@@ -97,6 +98,9 @@ def check_reduction(dtype, op, what):
     """At trace time, on the caller's rank: UnsupportedDtypeError when `op` cannot reduce `dtype` (so bad input
     never reaches the host callback, where JAX would wrap the error)."""
     dtype = np.dtype(dtype)
+    if op is Adasum:
+        adasum.check([dtype], 1, what)       # float dtypes only (the rank count is checked where it is known)
+        return
     if dtype in _COMPLEX_AS_REAL:
         if op not in (Sum, Average):
             raise UnsupportedDtypeError(f"{what}: op {op.name.title()} is not defined for {dtype}; use Sum or "

@@ -21,7 +21,7 @@ import numpy as np
 import optax
 
 from ringtrain.core import shared_arrays
-from ringtrain.ops import Average
+from ringtrain.ops import Adasum, Average
 from ringtrain.core.process_sets import global_process_set
 from ringtrain.reducer.reducer import Member, Reducer, Scaling, instance_prefix
 
@@ -67,6 +67,11 @@ class PytreeReducer:
 
     def _submit(self, bucket, gradients, outputs, results, sync):
         keys = bucket.keys
+        if outputs is None and self.reducer.scaling.op is Adasum:
+            # Adasum's dot products are per tensor: the bucket travels as its list of gradients, never packed
+            outputs = results
+            for k in keys:
+                results[k] = np.empty_like(gradients[k])
         if outputs is not None:      # XLA's buffers as they are (one array: an allreduce from input into output)
             self.reducer.submit(bucket, [gradients[k] for k in keys], outs=[outputs[k] for k in keys], sync=True)
             return

@@ -17,7 +17,7 @@ import dataclasses
 import enum
 
 from ringtrain.core import state
-from ringtrain.ops import Average, Sum, as_op
+from ringtrain.ops import Average, Sum, as_allreduce_op, as_op
 
 
 class Backward(enum.Enum):
@@ -89,7 +89,7 @@ def backward(kind, grads, primitives, *, process_set, op=Average, prescale_facto
     rows: each input's dim 0 (allgather); splits: the forward's received splits (alltoall); root_rank: a world
     rank (broadcast); op and the scale factors: the forward's."""
     rule = RULES[kind]
-    op = as_op(op)
+    op = as_allreduce_op(op) if kind == "allreduce" else as_op(op)     # Adasum's gradient: the Adasum of gradients
     rule.check(kind, op)
     grads = list(grads)
     # a binding may name each tensor's backward collectives (TensorFlow's host calls); list calls get the list

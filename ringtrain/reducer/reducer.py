@@ -62,7 +62,7 @@ import numpy as np
 
 from ringtrain.core import collectives
 from ringtrain.errors import RingtrainError
-from ringtrain.ops import Average, Sum, as_op
+from ringtrain.ops import Average, Sum, as_allreduce_op
 from ringtrain.core.process_sets import global_process_set
 
 from .compression import CommunicationHook
@@ -114,10 +114,10 @@ class Scaling:
     def for_gradients(cls, op=Average, gradient_predivide_factor=1.0):
         """Horovod's gradient rule: predividing by f (then multiplying the sum by f, after Average's 1/size) needs
         op=Average."""
-        op = as_op(op)      # op=Adasum raises UnsupportedOperationError here, at construction
+        op = as_allreduce_op(op)
         factor = float(gradient_predivide_factor)
-        if factor != 1.0 and op != Average:
-            raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor} needs op=Average, got {op.name}")
+        if factor != 1.0 and op is not Average:
+            raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor} needs op=Average, got {op!r}")
         if factor == 1.0:
             return cls(op)
         return cls(op, 1.0 / factor, factor)

@@ -21,7 +21,7 @@ from ringtrain.errors import (RankFailureError, RingtrainError, StallError, Tens
 
 from .compression import Compression  # noqa: F401
 from .functions import (  # noqa: F401
-    Average, Max, Min, Product, ProcessSet, ReduceOp, Sum,
+    Adasum, Average, Max, Min, Product, ProcessSet, ReduceOp, Sum,
     BroadcastGlobalVariablesHook, add_process_set, allgather, allgather_object, allreduce, alltoall, barrier,
     broadcast, broadcast_, broadcast_global_variables, broadcast_object, broadcast_object_fn, broadcast_variables,
     ccl_built, cross_rank, cross_size, cuda_built, ddl_built, global_process_set, gloo_built, gloo_enabled,

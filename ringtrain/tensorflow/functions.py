@@ -43,7 +43,7 @@ from ringtrain.core.collectives import allgather_object, barrier, broadcast_obje
 from ringtrain.core.state import is_homogeneous, start_timeline, stop_timeline  # noqa: F401  (re-exported)
 from ringtrain.core.state import (cross_rank, cross_size, init, is_initialized, local_rank,  # noqa: F401
                                   local_size, rank, shutdown, size)
-from ringtrain.ops import Average, Max, Min, Product, ReduceOp, Sum, as_op  # noqa: F401  (re-exported)
+from ringtrain.ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum, as_op  # noqa: F401  (re-exported)
 from ringtrain.ops import resolve_op
 from ringtrain.errors import TensorMismatchError, UnsupportedOperationError
 from ringtrain.core.process_sets import (ProcessSet, add_process_set, global_process_set,  # noqa: F401  (re-exported)
@@ -190,7 +190,7 @@ def _allreduce_indexed_slices(slices, name, op, process_set):
     """A sparse gradient: gather every rank's (values, indices) instead of densifying; Average divides by the size.
     dense_shape may be None (tf.IndexedSlices(values, indices)), as in Horovod: it is kept as it is."""
     if op not in (Average, Sum):      # Horovod's NotImplementedError
-        raise UnsupportedOperationError(f"allreduce of tf.IndexedSlices supports op=Average or Sum, got {op.name}; "
+        raise UnsupportedOperationError(f"allreduce of tf.IndexedSlices supports op=Average or Sum, got {op!r}; "
                                         "densify it with tf.convert_to_tensor for other ops")
     values = allgather(slices.values, name=name + ".values", process_set=process_set)
     indices = allgather(slices.indices, name=name + ".indices", process_set=process_set)
@@ -206,7 +206,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
     """Reduce `tensor` over all ranks (default: Average). tf.IndexedSlices are gathered (values and indices).
     device_dense / device_sparse are accepted for Horovod compatibility and ignored (results stay where TF puts
     them). `compression` casts the tensor for the wire and back."""
-    op = resolve_op(op, average)
+    op = resolve_op(op, average, adasum=True)
     if isinstance(tensor, tf.IndexedSlices):
         return _allreduce_indexed_slices(tensor, _auto_name("allreduce", name, tensor.values, process_set), op,
                                          process_set)
@@ -223,7 +223,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
                       process_set=global_process_set) -> list:
     """Allreduce a list of tensors as one group (one host call; the engine fuses them). tf.IndexedSlices in the
     list are gathered (values and indices), as allreduce does, dense_shape or not."""
-    op = resolve_op(op, average)
+    op = resolve_op(op, average, adasum=True)
     tensors = [t if isinstance(t, tf.IndexedSlices) else tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         raise ValueError("grouped_allreduce needs at least one tensor")

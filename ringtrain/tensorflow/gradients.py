@@ -21,11 +21,12 @@ import functools
 import numpy as np
 import tensorflow as tf
 
+from ringtrain.ops import as_allreduce_op
 from ringtrain.reducer.reducer import Member, Reducer, Scaling
 
 from . import functions, shared_buckets
 from .compression import Compression
-from .functions import Average, as_op, global_process_set, route
+from .functions import Adasum, Average, global_process_set, route
 
 _MB = 1 << 20
 
@@ -104,8 +105,8 @@ def allreduce_gradients(grads, prefix, compression=Compression.none, op=Average,
                         prescale_factor=1.0, postscale_factor=1.0, bucket_cap_mb=25, process_set=global_process_set,
                         results_in_shared_buffers=False):
     """One call of a GradientReducer with these options (any scale factors, not only a predivide's)."""
-    reducer = GradientReducer(Scaling(as_op(op), prescale_factor, postscale_factor), compression, sparse_as_dense,
-                              bucket_cap_mb, process_set, results_in_shared_buffers)
+    reducer = GradientReducer(Scaling(as_allreduce_op(op), prescale_factor, postscale_factor), compression,
+                              sparse_as_dense, bucket_cap_mb, process_set, results_in_shared_buffers)
     return reducer(grads, prefix)
 
 
@@ -129,8 +130,10 @@ def _place(results, positions, reduced):
 
 def _run_in_shared_buffers(reducer, *arrays):
     host = [functions.as_host_array(a) for a in arrays]
-    if not all(isinstance(a, np.ndarray) for a in host):
-        return _run(reducer, *arrays)          # eager GPU tensors arrive as cupy arrays: the core's path
+    if not all(isinstance(a, np.ndarray) for a in host) or reducer.scaling.op is Adasum:
+        # eager GPU tensors arrive as cupy arrays: the core's path; Adasum's dot products are per tensor, so its
+        # buckets travel as lists of tensors, never packed into one buffer
+        return _run(reducer, *arrays)
     results = [None] * len(arrays)
     scaling = reducer.scaling
 

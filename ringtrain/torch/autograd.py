@@ -61,7 +61,7 @@ def _backward(kind, grads, **forward):
 class _GroupedAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set, *tensors):
-        ctx.forward = dict(op=resolve_op(op, average), prescale_factor=prescale_factor,
+        ctx.forward = dict(op=resolve_op(op, average, adasum=True), prescale_factor=prescale_factor,
                            postscale_factor=postscale_factor, process_set=process_set)
         return tuple(_allreduce_forward(tensors, average, name, op, prescale_factor, postscale_factor, process_set))
 

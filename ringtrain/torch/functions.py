@@ -177,7 +177,7 @@ def allreduce_async(tensor: torch.Tensor, average=None, name: "str | None" = Non
                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                     process_set: ProcessSet = global_process_set) -> "TensorHandle":
     """Start an allreduce of `tensor` into a new tensor; returns a TensorHandle."""
-    op = resolve_op(op, average)
+    op = resolve_op(op, average, adasum=True)
     array = to_array(contiguous(tensor))
     handle = collectives.allreduce_async(array, op=op, name=name, prescale_factor=prescale_factor,
                                    postscale_factor=postscale_factor, process_set=process_set)
@@ -189,7 +189,7 @@ def allreduce_sync(tensor: torch.Tensor, average=None, name: "str | None" = None
                    process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """allreduce into a new tensor on this thread (the core's synchronous call: the engine's express path when it
     applies); not differentiable -- autograd.allreduce uses it when no gradient is wanted."""
-    array = collectives.allreduce(to_array(contiguous(tensor)), op=resolve_op(op, average), name=name,
+    array = collectives.allreduce(to_array(contiguous(tensor)), op=resolve_op(op, average, adasum=True), name=name,
                                   prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                                   process_set=process_set)
     return from_array(array)
@@ -200,7 +200,7 @@ def grouped_allreduce_sync(tensors: list, average=None, name: "str | None" = Non
                            process_set: ProcessSet = global_process_set) -> list:
     """grouped_allreduce into new tensors on this thread (the core's synchronous call); not differentiable."""
     arrays = [to_array(contiguous(t)) for t in tensors]
-    results = collectives.grouped_allreduce(arrays, op=resolve_op(op, average), name=name,
+    results = collectives.grouped_allreduce(arrays, op=resolve_op(op, average, adasum=True), name=name,
                                             process_set=process_set, **_scales(prescale_factor, postscale_factor))
     return [from_array(r) for r in results]
 
@@ -227,7 +227,7 @@ def allreduce_(tensor: torch.Tensor, average=None, name: "str | None" = None, op
 
 def _in_place(tensor, average, op):
     work = contiguous(tensor)
-    return resolve_op(op, average), work, to_array(work)
+    return resolve_op(op, average, adasum=True), work, to_array(work)
 
 
 def copy_back(tensor, work):
@@ -242,7 +242,7 @@ def grouped_allreduce_async(tensors: list, average=None, name: "str | None" = No
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: ProcessSet = global_process_set) -> "TensorHandle":
     """One handle for many tensors, negotiated and fused together; wait() returns the list of results."""
-    op = resolve_op(op, average)
+    op = resolve_op(op, average, adasum=True)
     arrays = [to_array(contiguous(t)) for t in tensors]
     handle = collectives.grouped_allreduce_async(arrays, op=op, name=name, process_set=process_set,
                                            **_scales(prescale_factor, postscale_factor))
@@ -253,7 +253,7 @@ def grouped_allreduce_async_(tensors: list, average=None, name: "str | None" = N
                              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                              process_set: ProcessSet = global_process_set) -> "TensorHandle":
     """In-place grouped allreduce: each result lands in its own tensor; wait() returns the list of tensors."""
-    op = resolve_op(op, average)
+    op = resolve_op(op, average, adasum=True)
     tensors = list(tensors)
     works = [contiguous(t) for t in tensors]
     arrays = [to_array(w) for w in works]

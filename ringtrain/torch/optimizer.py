@@ -52,6 +52,9 @@ from ringtrain.core.process_sets import global_process_set
 from ringtrain.reducer.wrapping import adopt, wrapper_class
 
 from . import consistency
+from ringtrain.ops import is_adasum
+
+from .adasum_optimizer import adasum_optimizer
 from .compression import Compression
 from .functions import Average
 from .gradient_hooks import GradientHooks, clear_gradients
@@ -175,7 +178,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     with the same param_groups and state, whose step() first averages gradients over the ranks of `process_set`.
 
     named_parameters: model.named_parameters(), for readable error messages (default names param.<i>).
-    compression: Compression.none | fp16 | bf16 for the wire. op: Average (default) or Sum (Adasum: not yet).
+    compression: Compression.none | fp16 | bf16 for the wire. op: Average (default), Sum or Adasum (Horovod's Adasum
+    optimizer: the ranks' local steps are combined, see ringtrain.torch.adasum_optimizer).
     groups (Horovod's): an int k = k buckets of near-equal parameter count, or lists of parameters, one bucket each
     (parameters in no list get a bucket each); num_groups is its older name. Without groups, buckets are laid out by
     size (bucket_cap_mb, first_bucket_mb small so communication starts early) and re-laid in observed order;
@@ -193,6 +197,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     with every parameter updated) or "forward" (the allgathers finish during the next forward). See
     ringtrain.torch.sharded.
     """
+    if is_adasum(op):
+        if shard is not None or gradient_predivide_factor != 1.0 or sparse_as_dense or groups or num_groups:
+            raise ValueError("op=Adasum takes none of shard, gradient_predivide_factor, sparse_as_dense, groups and "
+                             "num_groups (Horovod's Adasum optimizer reduces each parameter's step on its own)")
+        if isinstance(optimizer, _DistributedOptimizerMixin):
+            raise ValueError("this optimizer is already a DistributedOptimizer")
+        return adasum_optimizer(optimizer, named_parameters, compression, backward_passes_per_step, process_set)
     if shard is not None:
         if groups is not None or num_groups or sparse_as_dense:
             raise ValueError("groups, num_groups and sparse_as_dense are not supported with shard=: a sharded "

@@ -1,7 +1,8 @@
 """The rest of horovod.torch's API on N ranks, each against a numpy / single-process reference: 16-bit integer
 dtypes, Horovod's signatures (reducescatter's name/op order, join(device), barrier(process_set)), 16-bit and integer
 scaling, broadcast_parameters/optimizer_state forms, the optimizer's set_backward_passes_per_step, load_state_dict,
-groups, sparse gradients, Adasum's error, the build queries, HorovodInternalError and the run-time timeline."""
+groups, sparse gradients, Adasum where it does not apply, the build
+queries, HorovodInternalError and the run-time timeline."""
 import os
 import tempfile
 
@@ -195,12 +196,12 @@ def test_sparse_embedding_gradients(sparse_as_dense):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_adasum_is_a_clear_error():
+def test_adasum_where_it_does_not_apply_is_a_clear_error():
     model = torch.nn.Linear(2, 2)
-    with pytest.raises(hvd.UnsupportedOperationError, match="Adasum is not supported"):
-        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Adasum)
-    with pytest.raises(NotImplementedError, match="Adasum"):
-        hvd.allreduce(torch.ones(2), op=hvd.Adasum)
+    with pytest.raises(ValueError, match="op=Adasum takes none of shard"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Adasum, shard="optimizer")
+    with pytest.raises(NotImplementedError, match="Adasum applies to allreduce"):
+        hvd.reducescatter(torch.ones(2), op=hvd.Adasum)
 
 
 @pytest.mark.mpi(min_size=2)
