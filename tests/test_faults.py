@@ -136,7 +136,7 @@ def test_divergent_tensor_is_named_on_every_rank_and_job_stays_usable(case, n, e
         assert f"{others} {detail[0]}" in message and f"rank {odd} has {detail[1]}" in message, job
 
 
-@pytest.mark.parametrize("n,framework", [(2, "numpy"), (3, "numpy"), (2, "torch")])
+@pytest.mark.parametrize("n,framework", [(2, "numpy"), (3, "numpy"), (2, "torch"), (2, "tensorflow")])
 def test_a_stall_leaves_the_job_usable(n, framework):
     """One rank skips an allreduce, then every rank runs ten more; then one rank names an allreduce differently,
     and ten more. Every rank learns of each stall with the tensor and the ranks named, and the calls after it are

@@ -1,6 +1,7 @@
 """A stall leaves the job usable. Case `skip`: the last rank skips one allreduce, then every rank runs ten more.
 Case `diverge`: the last rank names that allreduce differently, then every rank runs ten more. Run with numpy
-arrays and torch tensors (argv[1] picks: numpy | torch), with the fault tests' short stall timeout.
+arrays, torch tensors and TensorFlow tensors, eagerly and in a tf.function (argv[1] picks: numpy | torch |
+tensorflow), with the fault tests' short stall timeout.
 
 Every rank that called the stalled collective gets a StallError naming the tensor and the ranks; a rank that
 skipped it is told in its log (it has no call of its own that failed), and the ten that follow are correct on every
@@ -30,6 +31,20 @@ if framework == "torch":
 
     def allreduce(x, name):
         return hvd.allreduce(torch.from_numpy(x), op=hvd.Sum, name=name).numpy()
+elif framework == "tensorflow":
+    import tensorflow as tf
+    import ringtrain.tensorflow as hvd
+
+    @tf.function(reduce_retracing=True)
+    def traced(x, name):
+        return hvd.allreduce(x, op=hvd.Sum, name=name)
+
+    def allreduce(x, name):
+        # the stalled calls and the unnamed ones eagerly, the named ones after them in a tf.function (the
+        # asynchronous graph op)
+        if name is None or name.endswith((".stalled", ".other")):
+            return hvd.allreduce(tf.constant(x), op=hvd.Sum, name=name).numpy()
+        return traced(tf.constant(x), name).numpy()
 else:
     def allreduce(x, name):
         return rt.allreduce(x, op=rt.Sum, name=name)
