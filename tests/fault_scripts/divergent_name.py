@@ -2,6 +2,7 @@
 skipped step. Every rank must get a StallError (after RINGTRAIN_STALL_TIMEOUT_S) naming the tensors and the
 missing ranks -- the older side first, the other side one timeout later -- and the next collective must work."""
 import sys
+import time
 
 import numpy as np
 
@@ -10,6 +11,9 @@ from _common import caught, check_usable, say
 
 rt.init()
 name = "grad.b" if rt.rank() == rt.size() - 1 else "grad.a"
+rt.barrier()
+if name == "grad.b":
+    time.sleep(1.0)     # grad.a is the older side, whatever the load (the test checks which side ends first)
 try:
     rt.allreduce(np.ones(8, np.float32), op=rt.Sum, name=name)
 except rt.RingtrainError as e:
