@@ -1142,6 +1142,57 @@ MUTANTS = [
            '        _write(result_path, ("error", text))\n', "",
            (Tests(("tests/test_spark_ray.py",), select="failing and spark"),),
            "a rank whose function raised reports nothing to the driver: the error text is lost"),
+    # JAX: a jit allgather that lets different row counts through, a broadcast gradient on the wrong rank, the
+    # alltoall return convention, the FFI handler's build and its error path and in-place aliases
+    Mutant("jax_jit_allgather_accepts_different_rows", "ringtrain/jax/allgather.py",
+           "    if np.array_equal(rows_by_rank, expected):\n        return\n",
+           "    if True:\n        return\n",
+           (Tests(("tests/parallel_jax/test_jax_errors.py",), ranks=2, select="different_rows"),),
+           "under jit, ranks with different dim 0 are not refused: the traced shape is wrong on some rank"),
+    Mutant("jax_broadcast_gradient_on_rank_zero", "ringtrain/jax/broadcast.py",
+           "    return gradients.backward(\"broadcast\", cotangents, spec, root_rank=spec.root_rank)\n",
+           "    return gradients.backward(\"broadcast\", cotangents, spec, root_rank=0)\n",
+           (Tests(("tests/parallel_jax/test_jax_gradients.py",), ranks=2, select="broadcast_gradient"),),
+           "the broadcast's gradient lands on rank 0 whatever the root"),
+    Mutant("jax_alltoall_without_splits_returns_a_pair", "ringtrain/jax/alltoall.py",
+           "    if splits is None:\n        return arrays.to_jax(received)\n",
+           "    if False:\n        return arrays.to_jax(received)\n",
+           (Tests(("tests/parallel_jax/test_jax_collectives.py",), ranks=2, select="alltoall"),),
+           "eager alltoall without splits returns (array, splits) instead of the array (Horovod's convention)"),
+    Mutant("jax_ffi_built_as_cxx11", "ringtrain/jax/ffi_build.py",
+           '["-O2", "-std=c++17",', '["-O2", "-std=c++11",',
+           (Tests(("tests/test_jax_host_call.py",), select="builds_where_a_compiler"),),
+           "the XLA FFI headers need C++17: the build fails and every call falls back to Python host callbacks"),
+    Mutant("jax_ffi_host_error_reported_as_success", "ringtrain/jax/ffi_target.py",
+           "        ctypes.memmove(error, message, len(message))\n        return 1\n",
+           "        ctypes.memmove(error, message, len(message))\n        return 0\n",
+           (Tests(("tests/test_jax_host_call.py",), select="error_on_the_host"),),
+           "an exception in a collective is swallowed under the FFI lowering: the caller gets unwritten buffers"),
+    Mutant("jax_ffi_in_place_without_aliases", "ringtrain/jax/ffi_target.py",
+           "    aliases = {i: i for i in range(in_place)}\n", "    aliases = {}\n",
+           (Tests(("tests/test_jax_host_call.py",), select="in_place_results"),),
+           "in-place collectives get fresh output buffers: a copy per call"),
+    # TensorFlow: the XLA guard, prescaling while staging, PartialDistributedGradientTape's local scaling, bfloat16
+    Mutant("tf_collective_traced_under_xla_not_refused", "ringtrain/tensorflow/xla.py",
+           "    if in_xla_context():\n", "    if False:\n",
+           (Tests(("tests/parallel_tf/test_tf_training.py",), ranks=2, select="xla"),),
+           "a collective inside jit_compile=True fails later with TensorFlow's PyFunc error, not ours with the fix"),
+    Mutant("tf_shared_bucket_drops_the_prescale", "ringtrain/tensorflow/shared_buckets.py",
+           "            np.multiply(array, prescale_factor, out=view)\n", "            view[...] = array\n",
+           (Tests(("tests/parallel_tf/test_tf_training.py",), ranks=2, select="predivide"),),
+           "gradient_predivide_factor is not applied while staging Keras gradients (the sum is too large)"),
+    Mutant("tf_partial_tape_leaves_local_gradients_unscaled", "ringtrain/tensorflow/gradient_tape.py",
+           "    return [g / tf.cast(set_size, g.dtype) if local",
+           "    return [g if local",
+           (Tests(("tests/parallel_tf/test_tf_horovod_names.py",), ranks=2,
+                  select="partial_distributed_gradient_tape"),),
+           "scale_local_gradients=True leaves the local layers' gradients N times too large"),
+    Mutant("tf_bfloat16_viewed_as_float16", "ringtrain/tensorflow/arrays.py",
+           "        return np.from_dlpack(tf.bitcast(tensor, tf.int16)).view(_BFLOAT16)\n",
+           "        return np.from_dlpack(tf.bitcast(tensor, tf.int16)).view(np.float16)\n",
+           (Tests(("tests/parallel_tf/test_tf_collectives.py",), ranks=2,
+                  select="allreduce_every_dtype and bfloat16"),),
+           "bfloat16 tensors are read as float16: every reduction of them is garbage"),
 ]
 
 
@@ -1171,11 +1222,8 @@ WITHOUT_MUTANT = {
 }
 # Modules with logic that still lack a planted bug: the next ones to plant. The list may only shrink.
 NOT_YET = [
-    "ringtrain/jax/allgather.py", "ringtrain/jax/allreduce.py", "ringtrain/jax/alltoall.py",
-    "ringtrain/jax/broadcast.py", "ringtrain/jax/ffi_build.py", "ringtrain/jax/ffi_target.py",
-    "ringtrain/keras/optimizer.py", "ringtrain/tensorflow/arrays.py", "ringtrain/tensorflow/functions.py",
-    "ringtrain/tensorflow/gradient_tape.py", "ringtrain/tensorflow/optimizer.py",
-    "ringtrain/tensorflow/shared_buckets.py", "ringtrain/tensorflow/xla.py", "ringtrain/world/elastic_worker.py",
+    "ringtrain/jax/allreduce.py", "ringtrain/keras/optimizer.py", "ringtrain/tensorflow/functions.py",
+    "ringtrain/tensorflow/optimizer.py", "ringtrain/world/elastic_worker.py",
 ]
 
 def copy_repo(destination):
