@@ -121,8 +121,14 @@ def coefficients(rows):
     dot = float(np.sum(rows[:, 2] * ra * rb))
     aa = float(np.sum(rows[:, 3] * ra * ra))
     bb = float(np.sum(rows[:, 4] * rb * rb))
-    c_a = 1.0 - (top_b / top_a) * (dot / aa) * 0.5 if aa > 0.0 else 1.0
-    c_b = 1.0 - (top_a / top_b) * (dot / bb) * 0.5 if bb > 0.0 else 1.0
+    return pair_coefficients(top_a, top_b, dot, aa, bb)
+
+
+def pair_coefficients(sa, sb, dot, aa, bb):
+    """The coefficients from one (sa, sb, dot, |a|^2, |b|^2) of dot_and_norms' form (the sums scaled by sa sb,
+    sa^2, sb^2)."""
+    c_a = 1.0 - (sb / sa) * (dot / aa) * 0.5 if aa > 0.0 else 1.0
+    c_b = 1.0 - (sa / sb) * (dot / bb) * 0.5 if bb > 0.0 else 1.0
     return c_a, c_b
 
 
@@ -177,7 +183,7 @@ def _combine(a, b, bounds):
     """a <- adasum(a, b), tensor by tensor (both on this rank)."""
     for t in range(len(bounds) - 1):
         x, y = a[bounds[t]:bounds[t + 1]], b[bounds[t]:bounds[t + 1]]
-        c_a, c_b = coefficients(np.array([dot_and_norms(x, y)]))
+        c_a, c_b = pair_coefficients(*dot_and_norms(x, y))
         _scaled_add(x, c_a, y, c_b)
 
 

@@ -12,7 +12,7 @@
 import keras as _keras
 
 from ringtrain.tensorflow import (  # noqa: F401
-    Average, Compression, DistributedGradientTape, Max, Min, ProcessSet, Product, RankFailureError, ReduceOp,
+    Adasum, Average, Compression, DistributedGradientTape, Max, Min, ProcessSet, Product, RankFailureError, ReduceOp,
     RingtrainError, StallError, Sum, TensorMismatchError, UnsupportedDtypeError,
     add_process_set, allgather, allgather_object, allreduce, alltoall, barrier, broadcast, broadcast_,
     broadcast_global_variables, broadcast_object, broadcast_variables, ccl_built, cross_rank, cross_size, cuda_built,
@@ -24,7 +24,8 @@ from ringtrain.tensorflow import (  # noqa: F401
 
 from . import callbacks  # noqa: F401
 from . import elastic  # noqa: F401  -- hvd.elastic
-from .optimizer import DistributedOptimizer, PartialDistributedOptimizer  # noqa: F401
+from ringtrain.tensorflow.sync_batch_norm import SyncBatchNormalization  # noqa: F401
+from .optimizer import DistributedOptimizer, PartialDistributedOptimizer, load_model  # noqa: F401
 from .rank_zero import print0, rank_zero_only, verbose  # noqa: F401
 
 if not _keras.__version__.startswith("3."):

@@ -129,3 +129,28 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
     def on_epoch_end(self, epoch, logs=None):
         if epoch == self.end_epoch - 1 and self.verbose and functions.rank() == 0:
             print(f"\nEpoch {epoch + 1}: finished learning rate warm-up to {self.initial_lr:.6g}")
+
+
+class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """Horovod's: a ModelCheckpoint that keeps only the best model by `monitor` (save_best_only=True). As in
+    Horovod, `filepath` may be left out and set on the callback (`callback.filepath = ...`) before fit; only rank 0
+    writes the file (give it metrics averaged over the ranks, e.g. after MetricAverageCallback, so its choice is
+    everyone's)."""
+
+    def __init__(self, monitor="val_loss", verbose=0, save_weights_only=False, mode="auto", save_freq="epoch",
+                 filepath=None):
+        # Keras checks the suffix at construction: a stand-in of the right kind until the real path is known
+        super().__init__(filepath or ("best.weights.h5" if save_weights_only else "best.keras"), monitor=monitor,
+                         verbose=verbose, save_best_only=True, save_weights_only=save_weights_only, mode=mode,
+                         save_freq=save_freq)
+        self.filepath = filepath
+
+    def on_train_begin(self, logs=None):
+        if not self.filepath:
+            raise ValueError("BestModelCheckpoint has no filepath: pass filepath= or set callback.filepath before fit")
+        xla.turn_off_xla(self.model)
+        super().on_train_begin(logs)
+
+    def _save_model(self, epoch, batch, logs):
+        if functions.rank() == 0:
+            super()._save_model(epoch, batch, logs)

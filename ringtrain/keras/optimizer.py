@@ -21,6 +21,7 @@ that submits one allreduce per bucket. Nothing here imports MPI or cupy.
 """
 import dataclasses
 
+import keras
 import tensorflow as tf
 
 from ringtrain.core import state as core_state
@@ -142,7 +143,8 @@ def DistributedOptimizer(optimizer, name=None, compression=Compression.none, spa
     over all ranks. Wrap it before its first step: it is rebuilt from optimizer.get_config(), so state the original
     already holds is not carried over.
 
-    compression: Compression.none | fp16 | bf16 on the wire. op: Average (default) or Sum.
+    compression: Compression.none | fp16 | bf16 on the wire. op: Average (default), Sum or Adasum (the gradients
+    combined by Adasum's rule, ringtrain.core.adasum).
     backward_passes_per_step: apply every k-th step the sum of k steps' gradients (their mean with
     average_aggregated_gradients=True). sparse_as_dense: densify tf.IndexedSlices gradients instead of gathering.
     bucket_cap_mb: gradients are allreduced in buckets of at most this size. process_set: average over that set's
@@ -185,3 +187,29 @@ def PartialDistributedOptimizer(optimizer, name=None, compression=Compression.no
     wrapped._ringtrain.local = frozenset(id(v) for layer in local_layers for v in layer.trainable_weights)
     wrapped._ringtrain.scale_local = bool(scale_local_gradients)
     return wrapped
+
+
+def load_model(filepath: str, custom_optimizers: "list | None" = None, custom_objects: "dict | None" = None,
+               compression=Compression.none) -> "keras.Model":
+    """Horovod's: load a model saved by Keras (model.save) with its optimizer as a DistributedOptimizer, its state
+    (iterations, moments) as saved, so training goes on where it stopped. custom_optimizers: optimizer classes of
+    your own used by the saved model; custom_objects: passed to keras.models.load_model."""
+    builtin = [cls for cls in vars(keras.optimizers).values()
+               if isinstance(cls, type) and issubclass(cls, keras.optimizers.Optimizer)
+               and cls is not keras.optimizers.Optimizer]
+    # the saved optimizer is rebuilt as a DistributedOptimizer of its own class, so the state Keras loads into it
+    # is kept (wrapping after the load would rebuild it from its config and lose it)
+    objects = {cls.__name__: _loading_class(cls, compression) for cls in builtin + list(custom_optimizers or [])}
+    objects.update(custom_objects or {})
+    return keras.models.load_model(filepath, custom_objects=objects)
+
+
+def _loading_class(cls, compression):
+    """cls's DistributedOptimizer class whose instances get their reducer when Keras constructs them."""
+    def __init__(self, *args, **kwargs):
+        cls.__init__(self, *args, **kwargs)
+        process_set = functions.global_process_set
+        reducer = GradientReducer(Scaling.for_gradients(Average), compression, False, 25, process_set,
+                                  results_in_shared_buffers=True)
+        self._ringtrain = _KerasReducer(instance_prefix("DistributedOptimizer", process_set), reducer, 1, False)
+    return type(cls.__name__, (wrapper_class(_DistributedOptimizerMixin, cls),), {"__init__": __init__})

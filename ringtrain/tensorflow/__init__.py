@@ -33,3 +33,4 @@ from .functions import (  # noqa: F401
 from . import mpi_ops  # noqa: F401  -- horovod.tensorflow.mpi_ops
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape  # noqa: F401
 from .optimizer import DistributedOptimizer  # noqa: F401
+from .sync_batch_norm import SyncBatchNormalization  # noqa: F401

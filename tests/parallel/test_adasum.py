@@ -201,3 +201,19 @@ def test_torch_distributed_optimizer_combines_the_local_steps():
     with pytest.raises(ValueError, match="gradient_predivide_factor"):
         hvd.DistributedOptimizer(torch.optim.SGD(_model().parameters(), lr=0.1), op=hvd.Adasum,
                                  gradient_predivide_factor=2.0)
+
+
+def test_adasum_in_a_power_of_two_process_set_of_any_world():
+    """The set's size counts, not the world's: ranks 0 and N-1 reduce together (also in a world of 3)."""
+    n, me = ringtrain.size(), ringtrain.rank()
+    pair = ringtrain.add_process_set([0, n - 1])
+    try:
+        if pair.included():
+            mine = inputs(me, np.float32)
+            want = reference([inputs(0, np.float32), inputs(n - 1, np.float32)])
+            got = ringtrain.grouped_allreduce(mine, op="adasum", process_set=pair)
+            for g, w in zip(got, want):
+                assert_close(g, w, np.float32, "process set")
+        ringtrain.barrier()
+    finally:
+        ringtrain.remove_process_set(pair)
