@@ -74,6 +74,8 @@ setup(
         "cuda13": ["cupy-cuda13x", "nvidia-nccl-cu13"],
         "test": ["pytest", "pytest-mpi", "pytest-timeout", "hypothesis", "scikit-learn"],
         "bench": ["matplotlib", "tqdm"],
+        # RINGTRAIN_METRICS_PORT / RINGTRAIN_METRICS_FILE (docs/guides/observability.md)
+        "metrics": ["prometheus-client>=0.17"],
         # ringtrain.tensorflow / ringtrain.keras
         "tensorflow": ["tensorflow-cpu>=2.21", "keras>=3.15"],   # GPU machines: see README
         # ringtrain.spark

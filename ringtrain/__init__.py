@@ -19,6 +19,7 @@ from .engine.handle import Handle
 from .core.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum, bfloat16
 from .core.shared_arrays import empty_shared
+from .core.observe import dump_flight_recorder, flight_recorder_dir, straggler_report
 from .core.state import (config, cross_rank, cross_size, gpu_device, init, is_homogeneous, is_initialized,
                          local_rank, local_size, rank, shutdown, size, start_timeline, stop_timeline, transport_name)
 

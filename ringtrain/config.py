@@ -33,6 +33,16 @@ class Config:
     drive_mpi_progress: bool = False   # every wait and idle engine pass makes an MPI call (one probe), for MPI
                                        # network modules that move data only inside MPI calls; init() turns it on
                                        # in worlds joined from separately started processes (elastic, torchrun)
+    # what a job is doing (docs/guides/observability.md)
+    straggler_window_s: float = 10.0   # rank 0 judges the ranks' waits over windows of this length
+    straggler_share: float = 0.2       # ... and names a rank the others waited for this share of a window or more
+    straggler_min_ms: float = 5.0      # ... and at least this long per wait on average (scheduling noise is shorter)
+    straggler_log_interval_s: float = 300.0    # at most one such log line per rank per this many seconds
+    flight_recorder_size: int = 1024   # the last collectives each rank remembers (rounded up to a power of two);
+                                       # 0 = no flight recorder
+    flight_recorder_dir: str = ""      # where ranks write their dumps ("": <tmp>/ringtrain-flight-recorder/<job>)
+    metrics_port: int = 0              # serve OpenMetrics on this port + local rank (0: no endpoint)
+    metrics_file: str = ""             # write OpenMetrics text here every few seconds ("{rank}" in it: per rank)
 
     @classmethod
     def from_env(cls, **overrides):

@@ -1,8 +1,9 @@
 """Chrome-trace / Perfetto timeline of what the engine did to each tensor and each fusion bucket.
 
 Open the file at https://ui.perfetto.dev or chrome://tracing. One process per rank, one track per tensor name
-(its phases queued -> negotiated -> packed -> ring -> unpacked as consecutive slices) and one "fusion buckets"
-track whose slices carry the bucket's bytes, bandwidth, tensor names and transport.
+(its phases queued -> negotiated -> packed -> ring -> unpacked as consecutive slices), one "fusion buckets"
+track whose slices carry the bucket's bytes, bandwidth, tensor names and transport, and one "waiting for ranks"
+track: each slice a wait of this rank for a late one, named after it ("waiting for rank 3").
 
 The file is written incrementally (events stream out as they happen, so a long run does not hold them in
 memory) and is valid JSON once close() has run. A job killed before close() leaves a file missing its final
@@ -18,6 +19,7 @@ import time
 
 PHASES = ("queued", "negotiated", "packed", "ring", "unpacked")
 _BUCKET_TRACK = "fusion buckets"
+_WAIT_TRACK = "waiting for ranks"
 _FLUSH_EVERY_S = 1.0   # bounded loss if the process dies, without a syscall per event
 
 
@@ -61,6 +63,15 @@ class Timeline:
             if self._file is None:
                 return
             self._complete(f"bucket {bucket_id}", self._track(_BUCKET_TRACK), start, end, args)
+
+    def wait_mark(self, late_rank, start, end):
+        """This rank waited from `start` to `end` in the agreement for `late_rank`: a slice named after it on the
+        "waiting for ranks" track (the straggler scores count the same waits)."""
+        with self._lock:
+            if self._file is None:
+                return
+            self._complete(f"waiting for rank {late_rank}", self._track(_WAIT_TRACK), start, end,
+                           {"late rank": int(late_rank), "waited_ms": round((end - start) * 1e3, 3)})
 
     def close(self):
         with self._lock:

@@ -11,7 +11,8 @@ MISSING = "extra is not installed"
 CI_MODULES = {"torch": "torch", "tqdm": "torch", "tensorflow": "tensorflow", "keras": "tensorflow",
               "jax": "jax", "jaxlib": "jax", "optax": "jax", "pyspark": "spark", "ray": "ray", "cloudpickle": "spark",
               "pytest_mpi": "test", "hypothesis": "test", "sklearn": "test", "matplotlib": "bench",
-              "mkdocs": "docs", "mkdocstrings": "docs", "material": "docs"}
+              "mkdocs": "docs", "mkdocstrings": "docs", "material": "docs",
+              "prometheus_client": "metrics"}
 
 
 def need(module, extra=None):

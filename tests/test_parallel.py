@@ -111,12 +111,14 @@ def tail(path):
 
 # The 4-rank job runs the files whose outcome depends on the ring's size: the ring schedule and its chunking, fusion,
 # sharding and resharding, process sets (evens/odds), hierarchy, Adasum's power-of-two halving, the agreement with
-# more peers (express, grouped, join, consistency, recovery, soak). The API wrappers (torch functions and optimizers,
-# the call forms, naming, checkpoints) behave alike at any size and run at 2 and 3 ranks only: CI has 2 cores.
+# more peers (express, grouped, join, consistency, recovery, soak, straggler scores). The API wrappers (torch
+# functions and optimizers, the call forms, naming, checkpoints) behave alike at any size and run at 2 and 3 ranks
+# only: CI has 2 cores.
 FOUR_RANK_FILES = ["test_adasum.py", "test_collectives.py", "test_consistency.py", "test_engine_steady_state.py",
                    "test_express.py", "test_fused_allreduce.py", "test_grouped_express.py", "test_hierarchical.py",
-                   "test_join.py", "test_process_sets.py", "test_recovery.py", "test_reducer_ranks.py",
-                   "test_sharded_optimizer.py", "test_soak.py", "test_sync_batch_norm.py", "test_transports.py"]
+                   "test_join.py", "test_observability.py", "test_process_sets.py", "test_recovery.py",
+                   "test_reducer_ranks.py", "test_sharded_optimizer.py", "test_soak.py", "test_sync_batch_norm.py",
+                   "test_transports.py"]
 
 
 @pytest.mark.timeout(JOB_TIMEOUT_S + 60)

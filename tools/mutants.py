@@ -71,6 +71,8 @@ JAX_OPTIMIZER = "tests/parallel_jax/test_jax_optimizer.py"
 CHURN = "tests/parallel/test_name_churn.py"
 SOAK = "tests/parallel/test_soak.py"
 API_FORMS = "tests/parallel/test_api_forms.py"
+OBSERVE = "tests/parallel/test_observability.py"
+OBSERVE_JOBS = "tests/test_observability.py"
 SHARDED = "tests/parallel/test_sharded_optimizer.py"
 ADASUM = "tests/parallel/test_adasum.py"
 
@@ -412,6 +414,42 @@ MUTANTS = [
            "        pass\n",
            (Tests(("tests/parallel/test_engine_steady_state.py",), ranks=2, select="eagerly"),),
            "an eager allreduce publishes its slot without its data: every rank reduces what the slot held before"),
+    # ---- what a job is doing: straggler scores, flight recorder, metrics
+    Mutant("straggler_blames_the_first_peer", "ringtrain/engine/stragglers.py",
+           "                if offered & ~exchange.bitmap(p, words):",
+           "                if True:",
+           (Tests((OBSERVE,), ranks=3),),
+           "a rank that waits blames its first peer, not the one that lacks what it offered"),
+    Mutant("express_allreduces_never_counted", "ringtrain/engine/engine.py",
+           "                self.executor.stats.record(\"allreduce\", array.nbytes, end - start)\n",
+           "",
+           (Tests((OBSERVE_JOBS,), select="metrics_endpoint"),),
+           "the allreduce counter never moves for the express path (every small synchronous allreduce)"),
+    Mutant("metrics_bytes_counter_counts_calls", "ringtrain/core/metrics.py",
+           "nbytes.add_metric(key, s[\"bytes\"])",
+           "nbytes.add_metric(key, s[\"count\"])",
+           (Tests((OBSERVE_JOBS,), select="metrics_endpoint"),),
+           "the bytes counter exports the number of collectives"),
+    Mutant("flight_recorder_dump_misses_the_last_collective", "ringtrain/engine/flight_recorder.py",
+           "for seq in range(max(1, last - self.capacity + 1), last + 1):",
+           "for seq in range(max(1, last - self.capacity + 1), last):",
+           (Tests((OBSERVE_JOBS,), select="last_collectives"),),
+           "a dump ends one collective early: the one a rank is stuck in is missing"),
+    Mutant("stall_writes_no_flight_recorder", "ringtrain/engine/observer.py",
+           "        self.dump(f\"{action.error}: {action.message}\")\n",
+           "",
+           (Tests((OBSERVE_JOBS,), select="skipped_collective"),),
+           "a stall ends collectives on every rank but no rank writes its flight recorder"),
+    Mutant("doctor_sees_no_divergence_between_two_groups", "ringtrain/doctor.py",
+           "if len(set(names.values())) > 1:",
+           "if len(set(names.values())) > 2:",
+           (Tests((OBSERVE_JOBS,), select="report_names or report_says"),),
+           "the merged report misses ranks that called different collectives (or ran ahead) when only two sides"),
+    Mutant("dump_flight_recorder_ignores_its_directory", "ringtrain/core/observe.py",
+           "    path = state.engine().observer.dump(reason, directory)",
+           "    path = state.engine().observer.dump(reason)",
+           (Tests((OBSERVE,), ranks=2),),
+           "dump_flight_recorder(directory) writes to the job's default directory instead"),
     Mutant("message_cycle_reads_its_own_bitmap", "ringtrain/engine/agreement.py",
            "ready &= exchange.bitmap(p, words)",
            "ready &= exchange.bitmap(self.rank, words)",

@@ -129,6 +129,8 @@ def create(process_set, everyone, world, config):
         _by_id[set_id] = process_set
         if membership is not None:
             _members[set_id] = membership
+    if membership is not None:
+        membership.engine.observer.name_as(f"process set {set_id}")
     return process_set
 
 
@@ -144,6 +146,12 @@ def process_sets():
     """Every registered set, the global one first."""
     with _lock:
         return [global_process_set] + [_by_id[i] for i in sorted(_by_id)]
+
+
+def member_engines():
+    """(set id, engine) of every set this rank belongs to (world excluded), in id order."""
+    with _lock:
+        return [(i, _members[i].engine) for i in sorted(_members)]
 
 
 def stop(membership):

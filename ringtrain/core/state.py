@@ -1,6 +1,7 @@
 """Process-wide state: init(), shutdown() and the topology queries."""
 import atexit
 import logging
+import signal
 import threading
 import warnings
 
@@ -11,6 +12,7 @@ from ..errors import NotInitializedError, RingtrainError
 
 _lock = threading.Lock()
 _state = None     # (topology, engine, config, gpu_id) while initialised
+_exporter = None  # the metrics endpoint / file (core/metrics.py) while initialised
 
 
 def init(comm=None, process_sets: "list | None" = None, **config_overrides) -> None:
@@ -43,6 +45,8 @@ def init(comm=None, process_sets: "list | None" = None, **config_overrides) -> N
         _state = (topology, engine, config, gpu_id)
         names.reset()
     atexit.register(_shutdown_at_exit)
+    _install_dump_signal()
+    _start_metrics(config, topology)
     set_registry.set_world(topology.rank, topology.size)
     if process_sets == "dynamic":     # Horovod's switch for add/remove after init: always on here
         process_sets = ()
@@ -84,6 +88,7 @@ def shutdown() -> None:
     global _state
     if _state is None:
         return
+    _stop_metrics()
     set_registry.shutdown_all()     # their engines first: each set's members stop it together
     with _lock:
         if _state is None:
@@ -111,6 +116,51 @@ def abandon(reason):
     error = RankFailureError(reason)
     set_registry.abandon_all(error)
     engine.abandon(error)
+
+
+def _engines():
+    """(process set id, engine) of every engine of this rank, the world's first."""
+    state = _state
+    world = [] if state is None else [(0, state[1])]
+    return world + set_registry.member_engines()
+
+
+def _start_metrics(config, topology):
+    global _exporter
+    if not (config.metrics_port or config.metrics_file):
+        return
+    from . import metrics
+    _exporter = metrics.Exporter(_engines, topology.rank, topology.local_rank, config.metrics_port,
+                                 config.metrics_file).start()
+
+
+def _stop_metrics():
+    global _exporter
+    exporter, _exporter = _exporter, None
+    if exporter is not None:
+        exporter.stop()
+
+
+DUMP_SIGNAL = signal.SIGUSR1
+
+
+def _install_dump_signal():
+    """On SIGUSR1 every engine of this process writes its flight recorder (python -m ringtrain.doctor merges the
+    files) -- unless the program has a handler of its own for it, or init() runs outside the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(DUMP_SIGNAL) not in (signal.SIG_DFL, None):
+        return
+    signal.signal(DUMP_SIGNAL, _dump_on_signal)
+
+
+def _dump_on_signal(signum, frame):
+    # reads the ring buffers only: takes no lock the interrupted code may hold
+    for _, engine in _engines():
+        try:
+            engine.observer.dump(f"signal {signal.Signals(signum).name}")
+        except Exception:
+            logging.getLogger("ringtrain").exception("ringtrain: could not write the flight recorder on a signal")
 
 
 def _shutdown_at_exit():

@@ -15,6 +15,7 @@ function simply runs once after a sync.
 import functools
 import time
 
+from ..core import metrics
 from ..core import state as core_state
 from ..world import elastic_worker as worker
 from ..errors import ElasticError, HorovodInternalError, HostsUpdatedInterrupt
@@ -39,6 +40,8 @@ def run(func):
                     _reform(failed)
                     state.on_reset()
                     last_recovery["reformed"] = time.time()
+                    metrics.note_elastic_reset(last_recovery["reformed"] - last_recovery.get("error",
+                                                                                             last_recovery["reformed"]))
                 if not skip_sync:
                     state.sync()
                 last_recovery["synced"] = time.time()

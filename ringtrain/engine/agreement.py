@@ -185,6 +185,7 @@ class CycleAgreement(CoordinatorAgreement):
         self._eager_actions = {}         # (id, slot parity) -> its Collective on the slots
         self._peers = exchange.peers
         self._eager_bytes = exchange.eager_bytes
+        self.stragglers = None           # the engine's Stragglers (stragglers.py): who we wait for, and how long
 
     # ---- input -----------------------------------------------------------------------------------------------
     def add(self, req):
@@ -241,6 +242,7 @@ class CycleAgreement(CoordinatorAgreement):
         if self.rank == 0 and CoordinatorAgreement.owes(self):
             flags |= _COORDINATOR_BUSY
         words = self._words
+        offered = ready
         exchange.publish(c, flags, ready, words, eager)
         exchange.gather(c)
         self._cycle = c
@@ -248,6 +250,12 @@ class CycleAgreement(CoordinatorAgreement):
             flags |= exchange.flags(p)
             if ready:
                 ready &= exchange.bitmap(p, words)
+        waited = exchange.waited
+        if waited is not None:
+            exchange.waited = None
+        if offered and self.stragglers is not None and (waited is not None or flags or ready != offered
+                                                        or self.stragglers.waiting):
+            self.stragglers.after_cycle(offered, ready, flags, waited, words)
         return c, flags, ready
 
     def _eager_fits(self, array):

@@ -9,6 +9,10 @@ snapshot. Two ways to move the slots, one interface:
   gather(c)                           wait for every rank's cycle-c slot; StallError naming the missing ranks
   flags(p), bitmap(p, words), eager_data(p, nbytes, dtype)   of cycle c's slot of rank p
   eager_everywhere(cid, nbytes)       did every rank publish that eager allreduce in cycle c?
+  waited                              (peer, start) when the last gather had to wait: the peer it waited for last
+                                      and when it began waiting (perf_counter); None when everyone was there
+  add_wait(peer, seconds), wait_rows()   this rank's running total of how long it waited for each rank, kept in its
+                                      slots (both parities), and every rank's totals as they last arrived here
   close()
 
 WindowExchange (one node): the slots live in an MPI shared-memory window, two per rank (by the parity of c), and
@@ -22,6 +26,8 @@ most one cycle ahead (it cannot finish cycle c + 1 without our slot of c + 1), a
 in order, so the message that completes the receive for cycle c + 1 is that peer's cycle c + 1. The cost is
 (N - 1) messages per rank per cycle: make_agreement uses it up to MESSAGE_CYCLE_MAX_RANKS ranks.
 """
+import time
+
 import numpy as np
 from mpi4py import MPI
 
@@ -29,25 +35,28 @@ from ..errors import StallError
 
 _LINE = 64
 TAG_CYCLE = 13
+WAIT_FLOOR_S = 1e-4         # a shorter wait in a gather is the exchange's own handshake, not a late rank
 MESSAGE_CYCLE_MAX_RANKS = 64
 
 
 class _SlotViews:
-    """One slot's bytes: header words [cycle, flags, eager id (-1: none), eager nbytes], the bitmap words, then
-    the eager data. Header and bitmap are memoryviews: a Python int in or out costs a third of a numpy scalar's,
-    and every cycle reads and writes a handful of them per rank."""
+    """One slot's bytes: header words [cycle, flags, eager id (-1: none), eager nbytes], the wait row (microseconds
+    this rank has waited for each rank in cycles, then how many times), the bitmap words, then the eager data.
+    Header and bitmap are memoryviews: a Python int in or out costs a third of a numpy scalar's, and every cycle
+    reads and writes a handful of them per rank. The wait row changes only when this rank waited."""
 
-    def __init__(self, raw, words):
-        ints = raw[:self.header_bytes(words)].view(np.int64)
+    def __init__(self, raw, words, size):
+        ints = raw[:self.header_bytes(words, size)].view(np.int64)
         self.header = memoryview(ints[:4])
-        self.bitmap_array = ints[4:4 + words].view(np.uint64)
+        self.waits = memoryview(ints[4:4 + 2 * size])
+        self.bitmap_array = ints[4 + 2 * size:4 + 2 * size + words].view(np.uint64)
         self.bitmap = memoryview(self.bitmap_array)
-        self.data = raw[self.header_bytes(words):]
+        self.data = raw[self.header_bytes(words, size):]
         self._views = {}
 
     @staticmethod
-    def header_bytes(words):
-        return -(-(4 + words) * 8 // _LINE) * _LINE
+    def header_bytes(words, size):
+        return -(-(4 + 2 * size + words) * 8 // _LINE) * _LINE
 
     def eager_data(self, nbytes, dtype):
         key = (nbytes, dtype)
@@ -82,12 +91,41 @@ class _Exchange:
         if eager_bytes % _LINE:              # the next slot's int64 header must stay aligned
             raise ValueError(f"eager_bytes must be a multiple of {_LINE}, got {eager_bytes}")
         self.eager_bytes = eager_bytes          # the largest eager data a slot holds
-        self.slot_bytes = _SlotViews.header_bytes(max_words) + eager_bytes
+        self._header_bytes = _SlotViews.header_bytes(max_words, size)
+        self.slot_bytes = self._header_bytes + eager_bytes
         self._max_words = max_words
         self._parity = 0
+        self.waited = None                      # see gather(): (peer, start) when it had to wait
+        self._last = None                       # the peer found missing at the latest poll of a wait
+        self._want = 0                          # the cycle a wait is for
 
     def _views(self, buffers):
-        return [tuple(_SlotViews(b, self._max_words) for b in pair) for pair in buffers]
+        return [tuple(_SlotViews(b, self._max_words, self.size) for b in pair) for pair in buffers]
+
+    def _waited_since(self, start):
+        """The gather waited from `start` for self._last (among the last to come): worth a straggler score when it
+        is longer than the exchange itself takes (WAIT_FLOOR_S)."""
+        if time.perf_counter() - start >= WAIT_FLOOR_S:
+            self.waited = (self._last, start)
+
+    def add_wait(self, peer, seconds):
+        """Add one wait for `peer` to this rank's row, in both of its slots (peers read whichever they hold)."""
+        us = int(seconds * 1e6)
+        size = self.size
+        for slot in self._slots[self.rank]:
+            waits = slot.waits
+            waits[peer] += us
+            waits[size + peer] += 1
+
+    def wait_rows(self):
+        """[rank][peer] -> (microseconds that rank waited for peer, how many waits), every rank's row as this rank
+        last holds it (a cycle or so old at most; a row only grows)."""
+        size = self.size
+        rows = []
+        for pair in self._slots:
+            waits = max((slot.waits for slot in pair), key=lambda w: sum(w[size:]))
+            rows.append([(waits[p], waits[size + p]) for p in range(size)])
+        return rows
 
     def _slot(self, p):
         return self._slots[p][self._parity]
@@ -119,12 +157,12 @@ class _Exchange:
         _write_bitmap(mine, bitmap, words)
         if eager is None:
             header[2] = -1
-            return _SlotViews.header_bytes(self._max_words)
+            return self._header_bytes
         cid, array = eager
         header[2] = cid
         header[3] = array.nbytes
         self._copy_in(mine.eager_data(array.nbytes, array.dtype), array)
-        return _SlotViews.header_bytes(self._max_words) + array.nbytes
+        return self._header_bytes + array.nbytes
 
     def _stall(self, c, missing):
         timeout = self.config.stall_timeout_s
@@ -170,12 +208,22 @@ class WindowExchange(_Exchange):
         published = self._published
         for p in self.peers:
             if published[p][0] < c:       # someone is not there yet: the Watchdog's bounded wait
-                missing = self.watchdog.wait_for_all(self.peers, lambda p: published[p][0] >= c,
-                                                     f"agreement cycle {c}", self.config.stall_timeout_s)
+                start = time.perf_counter()
+                self._want, self._last = c, p
+                missing = self.watchdog.wait_for_all(self.peers, self._published_for, f"agreement cycle {c}",
+                                                     self.config.stall_timeout_s)
                 if missing:
                     self._stall(c, missing)
+                self._waited_since(start)
                 break
         self._win.Sync()
+
+    def _published_for(self, q):
+        """Has rank q published the cycle we wait for? (Watchdog.wait_for_all's poll; remembers who was missing.)"""
+        if self._published[q][0] >= self._want:
+            return True
+        self._last = q           # still missing at this poll: among the last to come
+        return False
 
     def close(self):
         """Collective over the node: frees the window."""
@@ -214,6 +262,12 @@ class MessageExchange(_Exchange):
             return True
         return False
 
+    def _arrived_noting(self, q):
+        if self._arrived(q):
+            return True
+        self._last = q
+        return False
+
     def entered_by_peer(self, cycle):
         if cycle + 1 != self._next:
             return False
@@ -235,10 +289,16 @@ class MessageExchange(_Exchange):
 
     def gather(self, c):
         assert c == self._next, f"rank {self.rank}: cycle {c} while receives are posted for cycle {self._next}"
-        missing = self.watchdog.wait_for_all(self.peers, self._arrived, f"agreement cycle {c}",
-                                             self.config.stall_timeout_s)
-        if missing:
-            self._stall(c, missing)
+        for p in self.peers:
+            if not self._arrived(p):      # someone is not there yet: the Watchdog's bounded wait
+                start = time.perf_counter()
+                self._last = p
+                missing = self.watchdog.wait_for_all(self.peers, self._arrived_noting, f"agreement cycle {c}",
+                                                     self.config.stall_timeout_s)
+                if missing:
+                    self._stall(c, missing)
+                self._waited_since(start)
+                break
         for p in self.peers:
             got = self._slots[p][c % 2].header[0]
             assert got == c, f"rank {self.rank}: rank {p} sent its cycle {got} slot in cycle {c}"

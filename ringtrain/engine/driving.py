@@ -6,16 +6,20 @@ the caller computes. Whoever holds the engine's progress lock runs the pass (Eng
 that did nothing: yield the CPU a few times, then poll every few tens of microseconds while an answer is owed,
 backing off to cycle_time; with nothing in flight, sleep until a local submission rings the doorbell.
 """
+import logging
 import os
 import time
 
 from ..errors import ShutdownError
 from .watchdog import YIELD_S
 
+log = logging.getLogger("ringtrain")
+
 SPIN_PASSES = 50               # passes spent yielding the CPU right after activity, before sleeping
 FAST_POLL_S = 2e-5             # poll period while an answer is owed (the OS rounds it up to ~60 us)
 FAST_POLLS = 200               # ... for about the first 10 ms, then back off to cycle_time
 IDLE_SLEEP_S = 0.02            # background sleep with nothing in flight (wakes at once on an async submit)
+OBSERVE_S = 0.1                # how often the background thread looks at the straggler scores
 
 
 class Driver:
@@ -25,6 +29,7 @@ class Driver:
         self.engine = engine
         self.count = 0                  # callers currently driving (engine's state lock): the background thread
                                         # then stays out
+        self._next_look = 0.0           # see _observe
 
     def until(self, done, deadline, first=None):
         """Run passes on the caller's thread until done() (or the deadline, or the engine's end). `first`: a
@@ -86,6 +91,7 @@ class Driver:
             if self.count:
                 engine.wake.wait(IDLE_SLEEP_S)     # a caller is driving; it wakes us when it leaves
                 engine.wake.clear()
+                self._observe()
                 continue
             with engine._progress_lock:
                 busy = engine._guarded_pass()
@@ -94,6 +100,19 @@ class Driver:
                 continue
             idle += 1
             self.idle_wait(idle, owed=bool(engine.requests or engine.join_handle or engine.agreement.owes()))
+            self._observe()
+
+    def _observe(self):
+        """Between passes, at most every OBSERVE_S: the engine's look at what the job is doing (straggler scores).
+        Never fatal to the engine thread: a failure there is logged."""
+        now = time.monotonic()
+        if now < self._next_look:
+            return
+        self._next_look = now + OBSERVE_S
+        try:
+            self.engine.observer.observe(now)
+        except Exception:
+            log.exception("rank %d: ringtrain could not judge the straggler scores", self.engine.rank)
 
     def idle_wait(self, idle, owed):
         """Nothing happened in the last pass. With work in flight an answer (or a peer's cycle) can come any moment:

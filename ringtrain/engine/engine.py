@@ -36,9 +36,11 @@ from .model import Collective, Failed, JoinDone, Shutdown, Warn, express_eligibl
 from ..errors import RankFailureError, ShutdownError, StallError
 from .executor import Executor
 from .failure import DEAD_PEER_EXIT_GRACE_S, FailedIn, arm_hard_exit, pass_failure
+from .flight_recorder import ERROR, FINISHED, HANDLE
 from .fusion import HOST_OPS
 from .handle import Handle
 from .intake import Intake
+from .observer import Observer
 from .request import Request
 from ..transports.segments import Segments
 from .watchdog import Watchdog
@@ -65,6 +67,9 @@ class Engine:
         # says its engine failed
         self.watchdog.progress = self.control.progress
         self.watchdog.failed_peer = self.control.failed_peer
+        # what the job is doing: the flight recorder, straggler scores, counts of failures (observer.py)
+        self.observer = Observer(self.ctrl, topology, config, self.agreement, lambda: self.executor.timeline)
+        self.recorder = self.observer.recorder
         self.requests = {}              # name -> Request taken from the queue, not yet run (progress lock)
         self._running = ()              # the requests of the collective being executed
         self.wake = threading.Event()
@@ -132,6 +137,7 @@ class Engine:
             if self.shutdown_requested:
                 raise ShutdownError("ringtrain is shutting down; no new collectives")
             self.intake.admit(request.name)
+            self.recorder.begin(request.name, request.meta, request.handle.times["submitted"], request.handle)
 
     def await_names_free(self, name):
         """Drive the engine until no collective named `name` (or `name`.<part>) is in flight on this rank: the
@@ -205,6 +211,9 @@ class Engine:
     def _pass_failed(self, e):
         """Whatever a pass raised becomes the engine's failure (KeyboardInterrupt and SystemExit go on up)."""
         error, announcement = pass_failure(e, self.rank, self.size, self.watchdog)
+        if isinstance(error, StallError) and self.recorder.capacity:
+            error = StallError(f"{error}; {self.observer.pending_summary()}{self.observer.hint()}")
+            announcement = f"ringtrain engine on rank {self.rank} stopped: {error}"
         if announcement is None:                  # a peer died, failed, or this world was abandoned
             self._fail(error, fatal_peer=True)
             return
@@ -232,23 +241,34 @@ class Engine:
         lock = self._progress_lock
         if not lock.acquire(blocking=False):
             return None
+        entry = None
         try:
             if (self.failed is not None or self.shutdown_requested or self.finished.is_set() or self.requests
                     or not self.intake.queue.empty()):
                 return None
             start = time.perf_counter()
+            # the flight recorder's entry (a deferred request has had one since its submission)
+            entry = self.recorder.begin(name, meta, start) if request is None else None
             make_request = self._express_request if request is None else self._registered(request)
             outcome = self.agreement.express(name, meta, array, out, make_request)
             if outcome is None:
+                self.recorder.retract(entry)
                 return None
             if isinstance(outcome, Collective):     # agreed in its own cycle: this array alone
                 self.executor.express(outcome, array, out)
-                self.executor.stats.record("allreduce", array.nbytes, time.perf_counter() - start)
+                end = time.perf_counter()
+                self.executor.stats.record("allreduce", array.nbytes, end - start)
+                if entry is not None:
+                    entry[FINISHED] = end
                 return True
             handle = self.requests[name].handle
+            if entry is not None:
+                entry[HANDLE] = handle
             self._execute(outcome)
             return handle
         except BaseException as e:
+            if entry is not None:
+                entry[ERROR] = e
             self._pass_failed(e)
             request = self.requests.get(name)
             if request is not None:        # _fail() put the error on its handle
@@ -324,12 +344,13 @@ class Engine:
             elif isinstance(action, Warn):
                 log.warning("rank %d: %s", self.rank, action.message)
             elif isinstance(action, Failed):
+                message = self.observer.agreed_failure(action)
                 held = [name for name in action.names if self._complete_error(
-                    name, getattr(errors, action.error)(action.message))]
+                    name, getattr(errors, action.error)(message))]
                 if not held and action.error == "StallError":
                     # this rank holds none of the stalled collectives (it skipped them, or named them
                     # differently): no call of its own fails, so say it here -- its peers' calls did fail
-                    log.error("rank %d: %s", self.rank, action.message)
+                    log.error("rank %d: %s", self.rank, message)
             elif isinstance(action, JoinDone):
                 if self.join_handle is not None:
                     self.join_handle._set_result(action.rank)
@@ -375,6 +396,8 @@ class Engine:
         period unless the job is elastic: MPI can no longer finish collectives with that peer (MPI_Finalize
         included), and an ignored error must not leave the job hanging."""
         exit_soon = exit_soon or fatal_peer
+        if self.failed is None and not isinstance(error, ShutdownError):
+            self.observer.dump(error)
         if exit_soon:
             # first say so: once a caller sees its error it may exit, taking this (daemon) thread with it
             print(f"ringtrain rank {self.rank}: {error}" + ("" if self.config.elastic else "; exiting"),

@@ -99,6 +99,8 @@ class CacheView:
         self.keys = {}         # id -> (name, Meta)
         self.updates = 0       # updates applied (acknowledged to rank 0 in the coordinator protocol)
         self.highest = -1      # the highest id ever assigned: ready bitmaps span ids 0..highest
+        self.assigned = 0      # entries added (first sightings), and
+        self.evicted = 0       # entries dropped to make room: for the metrics
 
     def get(self, key):
         return self.ids.get(key)
@@ -112,7 +114,9 @@ class CacheView:
             old = keys.pop(cid, None)
             if old is not None and ids.get(old) == cid:
                 del ids[old]
+                self.evicted += 1
             if key is not None:
+                self.assigned += 1
                 ids[key] = cid
                 keys[cid] = key
                 if cid > self.highest:

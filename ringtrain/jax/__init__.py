@@ -25,6 +25,7 @@ from ringtrain.ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum  # n
 from ringtrain.core.process_sets import (ProcessSet, add_process_set, global_process_set,  # noqa: F401
                                     remove_process_set)
 
+from ringtrain.core.observe import dump_flight_recorder, straggler_report  # noqa: F401
 from .allgather import allgather, grouped_allgather  # noqa: F401
 from .allreduce import allreduce, grouped_allreduce  # noqa: F401
 from .alltoall import alltoall  # noqa: F401

@@ -22,6 +22,7 @@ from ringtrain.tensorflow import (  # noqa: F401
     remove_process_set, rocm_built, shutdown, size, size_op, start_timeline, stop_timeline,
 )
 
+from ringtrain.core.observe import dump_flight_recorder, straggler_report  # noqa: F401
 from . import callbacks  # noqa: F401
 from . import elastic  # noqa: F401  -- hvd.elastic
 from ringtrain.tensorflow.sync_batch_norm import SyncBatchNormalization  # noqa: F401

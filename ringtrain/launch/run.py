@@ -427,6 +427,7 @@ def summarize(job, returncode):
 
 def launch(argv):
     from .options import parse_args      # (not at the top: a rank's wrapper runs this file as a plain script)
+    from .. import doctor
     args = parse_args(argv, PROG)
     mpiexec = find_mpiexec(args.mpiexec)
     flavor = mpi_flavor(mpiexec)
@@ -440,6 +441,8 @@ def launch(argv):
         num_hosts = count_hosts(args.hostfile) if args.hostfile else slurm.num_hosts if slurm else 1
         threads = slurm and slurm.threads_per_rank
         exports["OMP_NUM_THREADS"] = str(threads or threads_per_rank(num_ranks, num_hosts))
+    flight_dir, ours = doctor.job_directory(env)     # every rank's flight recorder, merged after the job
+    exports["RINGTRAIN_FLIGHT_RECORDER_DIR"] = flight_dir
     env.update(exports)
     if args.elastic:
         return launch_elastic(args, mpiexec, env)
@@ -458,7 +461,9 @@ def launch(argv):
         job.kill()        # never leave a job behind because the launcher itself broke
         raise
     job.output.join(timeout=5)
-    return summarize(job, returncode)
+    status = summarize(job, returncode)
+    doctor.after_job(flight_dir, ours, prog=PROG)
+    return status
 
 
 def launch_elastic(args, mpiexec, env):

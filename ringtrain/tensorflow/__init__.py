@@ -19,6 +19,7 @@ Keras 3 (model.fit) is ringtrain.keras.
 from ringtrain.errors import (RankFailureError, RingtrainError, StallError, TensorMismatchError,  # noqa: F401
                               UnsupportedDtypeError)
 
+from ringtrain.core.observe import dump_flight_recorder, straggler_report  # noqa: F401
 from .compression import Compression  # noqa: F401
 from .functions import (  # noqa: F401
     Adasum, Average, Max, Min, Product, ProcessSet, ReduceOp, Sum,

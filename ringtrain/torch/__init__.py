@@ -13,6 +13,7 @@ docs/porting/horovod.md lists every horovod.torch name and how ours differs.
 from ringtrain.errors import (RankFailureError, RingtrainError, StallError, TensorMismatchError,  # noqa: F401
                               UnsupportedDtypeError, UnsupportedOperationError)
 
+from ringtrain.core.observe import dump_flight_recorder, straggler_report  # noqa: F401
 from .broadcast import broadcast_optimizer_state, broadcast_parameters  # noqa: F401
 from .checkpoint import *  # noqa: F401,F403
 from .compression import Compression  # noqa: F401
