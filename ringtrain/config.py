@@ -163,7 +163,7 @@ HOROVOD_NOT_MAPPED = {
     "HOROVOD_ENABLE_ASYNC_COMPLETION": (
         lambda raw: True, "ringtrain's GPU results are always completed asynchronously (waits synchronise on an event)"),
     "HOROVOD_ADASUM_MPI_CHUNK_SIZE": (
-        lambda raw: True, "ringtrain does not use this setting"),
+        lambda raw: True, "ringtrain's Adasum moves whole halves through its own transports, not MPI chunks"),
     "HOROVOD_DYNAMIC_PROCESS_SETS": (
         lambda raw: False, ""),          # sets can always be added and removed after init(): nothing to say
     "HOROVOD_ENABLE_XLA_OPS": (

@@ -85,7 +85,7 @@ WARNED = [
     ("HOROVOD_THREAD_AFFINITY", "0,1", "pin"),
     ("HOROVOD_DISABLE_GROUP_FUSION", "1", "fuses"),
     ("HOROVOD_ENABLE_ASYNC_COMPLETION", "1", "asynchronously"),
-    ("HOROVOD_ADASUM_MPI_CHUNK_SIZE", "1048576", "does not use"),
+    ("HOROVOD_ADASUM_MPI_CHUNK_SIZE", "1048576", "not MPI chunks"),
     ("HOROVOD_ENABLE_XLA_OPS", "1", "XLA"),
     ("HOROVOD_GLOO_IFACE", "eth0", "Gloo"),
     ("HOROVOD_CCL_CACHE", "1", "oneCCL"),

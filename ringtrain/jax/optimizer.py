@@ -117,7 +117,7 @@ class DistributedGradientTransformation(optax.GradientTransformation):
 def DistributedOptimizer(optimizer, op=Average, gradient_predivide_factor=1.0, compression=None,
                          bucket_bytes=64 << 20, process_set=global_process_set, ordered=False):
     """Wrap an optax GradientTransformation: update() averages the gradients over the set's ranks (op=Sum sums
-    them), in buckets of up to `bucket_bytes`, then runs `optimizer.update`. `compression` (Compression.fp16 /
+    them, op=Adasum combines them by Adasum's rule, tensor by tensor), in buckets of up to `bucket_bytes`, then runs `optimizer.update`. `compression` (Compression.fp16 /
     bf16) casts floating gradients for the wire. Scale the learning rate by size() (the linear-scaling rule).
 
     The reduction is ordered by its data (this step's gradients in, the update out). `ordered=True` also keeps it

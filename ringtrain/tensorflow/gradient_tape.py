@@ -69,7 +69,8 @@ def _bucket_prefix(sources):
 def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=Compression.none,
                             sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0, bucket_cap_mb=25,
                             process_set=global_process_set) -> tf.GradientTape:
-    """Wrap a tf.GradientTape so that gradient() averages over ranks (op=Average, or Sum).
+    """Wrap a tf.GradientTape so that gradient() averages over ranks (op=Average; or Sum, or Adasum: the gradients
+    combined by Adasum's rule, ringtrain.core.adasum).
 
     compression: Compression.none | fp16 | bf16 on the wire. sparse_as_dense: densify tf.IndexedSlices gradients
     (embeddings) instead of gathering them. gradient_predivide_factor f: divide by f before the sum and by size/f
