@@ -159,3 +159,24 @@ def test_the_metrics_endpoint_counts_what_the_job_ran(tmp_path):
     for rank, name in ((0, "metrics.prom"), (1, "metrics.rank1.prom")):
         text = (tmp_path / name).read_text()
         assert f'ringtrain_collectives_total{{kind="allreduce",process_set="0",rank="{rank}"}} 13.0' in text, text
+
+
+def test_an_abandoned_world_hands_its_metrics_port_to_the_next_one():
+    """An elastic job leaves a world with abandon() and starts the next with init(): the endpoint moves with it
+    (the port stays usable; the next world's engine counts from zero, the process's elastic counters go on)."""
+    need("prometheus_client")
+    import urllib.request
+
+    import ringtrain as rt
+    from ringtrain.core import metrics, state
+    port = _free_ports(1)
+    for world in range(2):
+        rt.init(metrics_port=port, elastic=True)     # as an elastic worker: abandon() ends no process
+        rt.allreduce(np.ones(4, np.float32), name=f"world{world}")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        assert 'ringtrain_collectives_total{kind="allreduce",process_set="0",rank="0"} 1.0' in text, text
+        assert f"ringtrain_elastic_resets_total{{rank=\"0\"}} {float(world)}" in text, text
+        state.abandon("the next world")
+        metrics.note_elastic_reset(0.25)
+    metrics._elastic.update(resets=0, last_recovery_s=0.0)

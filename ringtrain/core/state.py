@@ -108,6 +108,7 @@ def abandon(reason):
     initialised."""
     global _state
     from ..errors import RankFailureError
+    _stop_metrics()                  # its port is the next world's
     with _lock:
         if _state is None:
             return
@@ -127,6 +128,7 @@ def _engines():
 
 def _start_metrics(config, topology):
     global _exporter
+    _stop_metrics()                  # a world left by abandon() (elastic) still serves: the new one takes over
     if not (config.metrics_port or config.metrics_file):
         return
     from . import metrics
