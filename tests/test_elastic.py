@@ -12,58 +12,17 @@ goes on without it.
 """
 import os
 import re
-import shutil
 import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = Path(__file__).resolve().parent / "elastic_scripts"
-HARD_KILL_S = 150
+from elastic_jobs import HARD_KILL_S, REPO, SCRIPTS, needs_mpiexec, run_elastic
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")) is None,
-    reason="mpiexec not found")
-
-
-class Job:
-    def __init__(self, returncode, seconds, output):
-        self.returncode, self.seconds, self.output = returncode, seconds, output
-
-    def lines(self, tag):
-        """{rank: [fields dict per line]} of the 'rank r: TAG k=v ...' lines."""
-        found = {}
-        for rank, rest in re.findall(rf"^rank (\d+): {tag} (.*)$", self.output, re.M):
-            found.setdefault(int(rank), []).append(dict(re.findall(r"(\w+)=(\S+)", rest)))
-        return found
-
-    def __str__(self):
-        return f"exit {self.returncode} after {self.seconds:.1f}s; output:\n{self.output[-12000:]}"
-
-
-def run_elastic(*launcher_args, script="train_counts.py", **env):
-    environ = dict(os.environ)
-    environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), environ.get("PYTHONPATH", "")]))
-    environ.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", RINGTRAIN_STALL_TIMEOUT_S="60")
-    environ.update({k: str(v) for k, v in env.items()})
-    cmd = [sys.executable, "-m", "ringtrain.launch.run", *launcher_args, sys.executable, str(SCRIPTS / script)]
-    start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=HARD_KILL_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"elastic job {launcher_args} still running after {HARD_KILL_S}s:\n{out[-12000:]}")
-    job = Job(proc.returncode, time.monotonic() - start, out)
-    print(job)
-    return job
+pytestmark = needs_mpiexec
 
 
 def test_sigkilled_worker_survivors_roll_back_to_their_commit_and_finish():
@@ -260,62 +219,3 @@ def test_reset_limit_ends_the_job_at_the_first_reformation_too_many():
     assert re.search(r"elastic job failed: the world would be re-formed 1 time\(s\), more than --reset-limit 0",
                      job.output), job
     assert not job.lines("FINAL"), job
-
-
-def replay(history, make_model_and_data):
-    """One process, the same steps: each rank's gradient on its own samples, averaged over the step's world size,
-    then one momentum-SGD step. Returns (parameters, momentum buffers) as lists."""
-    import torch
-    model, x, y, loss_on, lr, momentum = make_model_and_data()
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-    for size, shards in history:
-        assert len(shards) == size
-        grads = [torch.zeros_like(p) for p in model.parameters()]
-        for indices in shards:
-            model.zero_grad()
-            loss_on(model, x, y, indices).backward()
-            grads = [g + p.grad for g, p in zip(grads, model.parameters())]
-        for p, g in zip(model.parameters(), grads):
-            p.grad = g / size
-        opt.step()
-    return ([p.tolist() for p in model.parameters()],
-            [opt.state[p]["momentum_buffer"].tolist() for p in model.parameters()])
-
-
-def test_after_a_kill_the_state_equals_a_one_process_replay_of_the_committed_steps():
-    """op=Average with momentum: after a worker is SIGKILLed and the survivors roll back and finish, the parameters
-    and momentum buffers equal a one-process replay of the steps the committed trajectory took (each with its own
-    world size as the divisor), and those steps trained every sample exactly once. Each worker picks its GPU by
-    its slot (checked with a pretend device count of 2)."""
-    import json
-
-    import numpy as np
-    job = run_elastic("-np", "3", "--min-np", "2", script="train_reference.py", KILL_RANK=1, KILL_STEP=3)
-    assert job.returncode == 0, job
-    assert "rank 1: KILLED" in job.output and "world 2: 2 workers" in job.output, job
-    first_world = {int(r): (int(s), int(d)) for r, s, d in
-                   re.findall(r"^rank (\d+): GPU slot=(\d+) device_of_2=(\d+)$", job.output, re.M)[:3]}
-    assert sorted(first_world) == [0, 1, 2], job
-    assert sorted(s for s, _ in first_world.values()) == [0, 1, 2], job           # one slot each on localhost
-    assert all(d == s % 2 for s, d in first_world.values()), job                  # GPU = slot % device count
-    [line] = re.findall(r"^rank 0: REFERENCE (.*)$", job.output, re.M)
-    final = json.loads(line)
-    history = final["history"]
-    sizes = [size for size, _ in history]
-    assert 3 in sizes and 2 in sizes and sizes == sorted(sizes, reverse=True), sizes     # both worlds trained
-    trained = sorted(i for _, shards in history for shard in shards for i in shard)
-    assert trained == list(range(60)), "each sample once"
-
-    script = SCRIPTS / "train_reference.py"
-    source = script.read_text().split("\nX, Y = data()")[0]        # the script's definitions, without the job
-
-    def make():
-        namespace = {"__name__": "train_reference_defs"}
-        exec(compile(source.replace("import ringtrain.torch as hvd", "").replace("hvd.init()", ""),
-                     str(script), "exec"), namespace)
-        x, y = namespace["data"]()
-        return namespace["make_model"](), x, y, namespace["loss_on"], 0.05, 0.9
-
-    params, momentum = replay(history, make)
-    for got, want in zip(final["params"] + final["momentum"], params + momentum):
-        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)

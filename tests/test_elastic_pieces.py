@@ -8,7 +8,9 @@ import pytest
 
 from ringtrain.elastic import sampler as sampler_module
 from ringtrain.elastic.sampler import ElasticSampler
+from ringtrain.elastic import lossless
 from ringtrain.elastic.state import ObjectState
+from ringtrain.errors import ElasticError, HostsUpdatedInterrupt
 from ringtrain.launch.hosts import Blacklist, DiscoveryError, free_slots, parse_hosts, run_discovery
 
 
@@ -82,6 +84,7 @@ def test_sampler_shards_never_pad_and_differ_by_at_most_one():
 
 def test_object_state_commit_restore_keeps_copies():
     state = ObjectState(epoch=0, history=[1])
+    state.rollback = True              # Horovod's mode (hvd.elastic.run(rollback=True) sets it)
     state.history.append(2)
     state.epoch = 3
     state.commit()                     # no elastic job: commit is a save, no collective
@@ -156,3 +159,91 @@ def test_an_elastic_worker_binds_the_gpu_of_its_slot_whatever_its_local_rank():
         assert [gpu.choose_device(core_state.gpu_index(0), n) for n in (1, 2, 4, 8)] == [0, 1, 3, 3]
     with mock.patch.dict(os.environ, {}, clear=True):
         assert core_state.gpu_index(local_rank=5) == 5 and gpu.choose_device(5, 4) == 1
+
+
+def test_lossless_sync_takes_the_lowest_rank_that_completed_the_most_steps():
+    def gathered(values):
+        return mock.patch.object(lossless.collectives, "allgather_object", lambda value, name=None: values)
+    with gathered([4, 5, 5, 3]):
+        assert lossless.source_rank(4) == (1, [4, 5, 5, 3])
+    with gathered([0, 0]):                                  # the first world: rank 0, as Horovod
+        assert lossless.source_rank(0)[0] == 0
+    with gathered([-1, 2, -1]):                             # a half-overwritten state is never a source
+        assert lossless.source_rank(-1)[0] == 1
+    with gathered([-1, -1]), pytest.raises(ElasticError, match="no worker holds a whole training state"):
+        lossless.source_rank(-1)
+
+
+def test_lossless_host_check_acts_once_per_notice_and_holds_it_for_the_boundary():
+    check = lossless.HostCheck()
+    check.decide([-1, 0, 0])                                 # nobody heard anything
+    check.boundary()
+    check.decide([3, 1, 0])                                  # a worker is ready to join: sync follows
+    with pytest.raises(HostsUpdatedInterrupt) as raised:
+        check.boundary()
+    assert raised.value.skip_sync is False
+    check.boundary()                                         # raised once
+    check.decide([3, 1, 0])                                  # the same notice again (heard late): no news
+    check.boundary()
+    check.decide([4, 0, 1])                                  # only removed: every rank holds the same state
+    with pytest.raises(HostsUpdatedInterrupt) as raised:
+        check.boundary()
+    assert raised.value.skip_sync is True
+
+
+def test_torch_state_counts_each_optimizer_step_once():
+    """The lossless source is chosen by steps completed: one per step(), also after load_state_dict (which makes
+    torch's own step hooks run twice per step on a DistributedOptimizer)."""
+    torch = pytest.importorskip("torch")
+    from ringtrain.torch.elastic_state import TorchState
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    state = TorchState(model, optimizer, epoch=0)
+    for _ in range(2):
+        model(torch.ones(1, 2)).sum().backward()
+        optimizer.step()
+    optimizer.load_state_dict(optimizer.state_dict())
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    assert state.steps_completed() == state.progress() == 3
+
+
+def test_a_broken_sync_leaves_no_source_behind():
+    """A receiver whose sync broke half way (its source died) holds a half-overwritten state: it reports progress
+    -1, so the next sync never takes it; a rank as far as the source lost nothing and stays a source."""
+    from ringtrain.elastic import state as state_module
+    from ringtrain.errors import RankFailureError
+
+    class Breaking(ObjectState):
+        def steps_completed(self):
+            return 5
+
+        def sync_from(self, root):
+            raise RankFailureError("the source died")
+
+    for everyone, me, expected in (([7, 5], 1, -1), ([5, 5], 1, 5)):
+        state = Breaking(epoch=0)
+        with mock.patch.object(state_module, "source_rank", lambda progress: (0, everyone)), \
+                mock.patch.object(state_module, "core_state", mock.Mock(is_initialized=lambda: True,
+                                                                         rank=lambda: me)):
+            with pytest.raises(RankFailureError):
+                state.sync()
+        assert state.progress() == expected
+
+
+def test_lossless_sync_hands_over_from_the_furthest_rank_and_rollback_from_rank_0():
+    from ringtrain.elastic import state as state_module
+
+    class Recording(ObjectState):
+        def sync_from(self, root):
+            self.roots.append(root)
+
+    for rollback, expected in ((False, [2]), (True, [0])):
+        state = Recording(epoch=0)
+        state.roots, state.rollback = [], rollback
+        with mock.patch.object(state_module, "source_rank", lambda progress: (2, [3, 3, 4])), \
+                mock.patch.object(state_module, "core_state", mock.Mock(is_initialized=lambda: True,
+                                                                         rank=lambda: 0)):
+            state.sync()
+        assert state.roots == expected
+        assert state.progress() == 0                    # handed over whole: a source again

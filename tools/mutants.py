@@ -62,6 +62,7 @@ class Mutant:
 FUSED = "tests/parallel/test_fused_allreduce.py"
 ELASTIC = "tests/test_elastic.py"
 ELASTIC_PIECES = "tests/test_elastic_pieces.py"
+ELASTIC_LOSSLESS = "tests/test_elastic_lossless.py"
 OPTIMIZER_REFERENCE = "tests/parallel/test_optimizer_reference.py"
 HIERARCHICAL = "tests/parallel/test_hierarchical.py"
 EXPRESS = "tests/parallel/test_express.py"
@@ -713,15 +714,53 @@ MUTANTS = [
            "an MPI error on a just-killed peer is called this engine's crash: the dead peer is looked for only at "
            "the next periodic check"),
     Mutant("elastic_restore_skipped", "ringtrain/elastic/runner.py",
-           "                state.restore()\n",
-           "                pass\n",
+           "                    state.restore()\n",
+           "                    pass\n",
            (Tests((ELASTIC,), select="sigkilled"),),
            "after a worker died the survivors go on from their live state, not their last commit"),
     Mutant("elastic_sync_from_the_wrong_rank", "ringtrain/torch/elastic_state.py",
-           "broadcast_parameters(self.value.state_dict(), root_rank=0)",
-           "broadcast_parameters(self.value.state_dict(), root_rank=core_state.size() - 1)",
+           "broadcast_parameters(self.value.state_dict(), root_rank=root)",
+           "broadcast_parameters(self.value.state_dict(), root_rank=__import__('ringtrain').size() - 1)",
            (Tests((ELASTIC,), select="joins"),),
            "sync() hands the parameters of the last rank (a worker that just joined) to everyone"),
+    Mutant("elastic_sync_drops_the_optimizer_state", "ringtrain/torch/elastic_state.py",
+           "        broadcast_optimizer_state(self.value, root_rank=root)\n",
+           "        pass\n",
+           (Tests((ELASTIC_LOSSLESS,), select="3-sgd"),),
+           "sync() hands over parameters but not the optimizer state: a worker that joins steps with no momentum "
+           "(and a survivor that missed the last step keeps its old one)"),
+    Mutant("elastic_average_by_the_old_size", "ringtrain/ops.py",
+           "    return postscale / size if op == ReduceOp.AVERAGE else postscale",
+           "    return (postscale / result_scale.__dict__.setdefault('first', size) if op == ReduceOp.AVERAGE\n"
+           "            else postscale)",
+           (Tests((ELASTIC_LOSSLESS,), select="3-sgd"),),
+           "after a re-formation op=Average still divides by the first world's size"),
+    Mutant("elastic_redeal_loses_a_sample", "ringtrain/elastic/sampler.py",
+           "        self.remaining_indices = remaining\n",
+           "        self.remaining_indices = remaining[1:] if self.processed_indices else remaining\n",
+           (Tests((ELASTIC_LOSSLESS,), select="3-sgd"),),
+           "the samples dealt again after a failure lose one: the epoch ends with a sample never trained"),
+    Mutant("elastic_lossless_sync_from_rank_0", "ringtrain/elastic/state.py",
+           "        self.sync_from(root)\n",
+           "        self.sync_from(0)\n",
+           (Tests((ELASTIC_PIECES,), select="furthest_rank"),),
+           "lossless sync() takes rank 0's state even when another survivor completed one step more"),
+    Mutant("elastic_steps_not_counted", "ringtrain/torch/elastic_state.py",
+           "            self.steps += 1\n",
+           "",
+           (Tests((ELASTIC_PIECES,), select="counts_each"),),
+           "the lossless state does not count its optimizer's steps: every survivor looks alike and rank 0's "
+           "state wins, a step behind when rank 0 missed it"),
+    Mutant("elastic_host_check_acts_on_old_news", "ringtrain/elastic/lossless.py",
+           "        if seq < 0 or seq <= self.seen:\n",
+           "        if seq < 0:\n",
+           (Tests((ELASTIC_PIECES,), select="host_check"),),
+           "a notice some rank heard late raises HostsUpdatedInterrupt a second time"),
+    Mutant("elastic_broken_sync_leaves_a_source", "ringtrain/elastic/state.py",
+           "        return -1 if self._handing_over else self.steps_completed()\n",
+           "        return self.steps_completed()\n",
+           (Tests((ELASTIC_PIECES,), select="broken_sync"),),
+           "a rank whose sync broke half way (its source died) offers its half-overwritten state as a source"),
     Mutant("elastic_driver_waits_when_no_worker_can_come", "ringtrain/launch/elastic_driver.py",
            "            if not self._more_workers_possible():",
            "            if False:",
@@ -805,8 +844,8 @@ MUTANTS = [
            "an MPI error from the agreement's send to a just-killed peer (ofi) reads 'engine crashed' instead of "
            "naming the dead rank"),
     Mutant("elastic_sync_unites_the_sampler_records", "ringtrain/torch/elastic_state.py",
-           "        self.value.load_state_dict(collectives.broadcast_object(self.value.state_dict(), root_rank=0))\n",
-           "        state_dict = collectives.broadcast_object(self.value.state_dict(), root_rank=0)\n"
+           "        self.value.load_state_dict(collectives.broadcast_object(self.value.state_dict(), root_rank=root))\n",
+           "        state_dict = collectives.broadcast_object(self.value.state_dict(), root_rank=root)\n"
            "        everyone = collectives.allgather_object(self.value.processed_indices)\n"
            "        state_dict['processed_indices'] = set().union(*everyone)\n"
            "        self.value.load_state_dict(state_dict)\n",
@@ -983,9 +1022,10 @@ MUTANTS = [
            (Tests(("tests/parallel_jax/test_jax_collectives.py",), ranks=3, select="reducescatter"),),
            "jax's reducescatter block shapes disagree with the core's split (the first ranks take the remainder)"),
     Mutant("elastic_restore_keeps_the_live_momentum", "ringtrain/torch/elastic_state.py",
-           "class _OptimizerHandler(_ModelHandler):\n    def sync(self):",
-           "class _OptimizerHandler(_ModelHandler):\n    def restore(self):\n        pass\n\n    def sync(self):",
-           (Tests((ELASTIC,), select="replay"),),
+           "class _OptimizerHandler(_ModelHandler):\n    def __init__(self, optimizer, state):",
+           "class _OptimizerHandler(_ModelHandler):\n    def restore(self):\n        pass\n\n"
+           "    def __init__(self, optimizer, state):",
+           (Tests((ELASTIC_LOSSLESS,), select="rollback"),),
            "a roll-back restores the model but leaves the optimizer's momentum from the undone step"),
     Mutant("object_state_commit_keeps_a_reference", "ringtrain/elastic/state.py",
            "        self._saved_state = {name: copy.deepcopy(getattr(self, name)) for name in self._saved_state}",

@@ -1,16 +1,20 @@
 """hvd.elastic.run: run a training function, and when the world changes, re-form it and go on.
 
-    @hvd.elastic.run
+    @hvd.elastic.run                    # lossless (the default)
     def train(state):
         for state.epoch in range(state.epoch, epochs):
-            ...                # steps; state.commit() every few batches
+            ...                # steps
     train(state)
 
-On HorovodInternalError (a collective failed: a worker died) the state is rolled back to its last commit, the dead
-world is left without another MPI call on it, the survivors and any new workers form the next one, everyone takes
-rank 0's state (sync) and the function is called again. On HostsUpdatedInterrupt (workers were added) the world is
-re-formed without a roll-back. Outside an elastic job (`ringtrain-run` without elastic flags, plain mpiexec) the
-function simply runs once after a sync.
+    @hvd.elastic.run(rollback=True)     # Horovod's: state.commit() every few batches is what a failure goes back to
+
+On HorovodInternalError (a collective failed: a worker died) the dead world is left without another MPI call on it,
+the survivors and any new workers form the next one, and the function is called again after sync(): in lossless
+mode every rank takes the live state of the survivor that completed the most steps (ringtrain/elastic/lossless.py),
+so only the step in flight is lost; in roll-back mode the state is first rolled back to its last commit and everyone
+takes rank 0's. On HostsUpdatedInterrupt (workers were added or removed) the world is re-formed without a roll-back.
+Outside an elastic job (`ringtrain-run` without elastic flags, plain mpiexec) the function simply runs once after a
+sync.
 """
 import functools
 import time
@@ -26,9 +30,15 @@ from ..errors import ElasticError, HorovodInternalError, HostsUpdatedInterrupt
 last_recovery = {}
 
 
-def run(func):
+def run(func=None, *, rollback=False):
+    """Decorate a training function `func(state, ...)`; rollback=True restores Horovod's roll-back to the last
+    commit (see the module doc)."""
+    if func is None:
+        return functools.partial(run, rollback=rollback)
+
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
+        state.rollback = rollback
         if not worker.enabled():
             state.sync()
             return func(state, *args, **kwargs)
@@ -51,26 +61,41 @@ def run(func):
             except HorovodInternalError as error:
                 last_recovery.clear()
                 last_recovery["error"] = time.time()
-                state.restore()
+                if rollback:
+                    state.restore()
                 failed, skip_sync = error, False
             except HostsUpdatedInterrupt as interrupt:
                 failed, skip_sync = False, interrupt.skip_sync
     return wrapper
 
 
+_abandoned = []      # this process left a world without freeing it
+
+
 def _reform(error):
-    """Leave the current world -- cleanly when it is healthy (every rank got the same interrupt), else abandon it --
-    and start ringtrain on the next one the driver forms."""
+    """Leave the current world -- cleanly when it is healthy (every rank got the same interrupt) and this process
+    never abandoned one, else abandon it -- and start ringtrain on the next one the driver forms.
+
+    After an abandoned world a clean shutdown can hang: freeing the next world's agreement window (collective) makes
+    MPI progress the abandoned world's operations towards the dead worker, measured with MPICH's ofi module (one
+    survivor of three stuck in MPI_Win_free while the others had left it)."""
     config = core_state.config() if core_state.is_initialized() else None
-    if error is False:
+    if error is False and not _abandoned:
         try:
             core_state.shutdown()
         except HorovodInternalError as shutdown_error:
-            core_state.abandon(f"leaving the world after {shutdown_error}")
+            _abandon(f"leaving the world after {shutdown_error}")
+    elif error is False:
+        _abandon("workers were added or removed; re-forming the world")
     else:
-        core_state.abandon(f"a collective failed ({error}); re-forming the world")
+        _abandon(f"a collective failed ({error}); re-forming the world")
     overrides = {} if config is None else _overrides(config)
     core_state.init(**overrides)
+
+
+def _abandon(reason):
+    _abandoned.append(reason)
+    core_state.abandon(reason)
 
 
 def _overrides(config):

@@ -1,19 +1,27 @@
-"""Elastic state, as Horovod's: what a job rolls back to when a worker dies, and hands to workers that join.
+"""Elastic state: what every worker of a new world takes from one of them, and (in Horovod's roll-back mode) what a
+job rolls back to when a worker dies.
 
     state = ObjectState(epoch=0, batch=0)      # any picklable attributes
-    state.commit()        # save a copy, then check_host_updates(): a collective, so every rank agrees
-    state.restore()       # back to the last commit (after HorovodInternalError)
-    state.sync()          # every rank takes rank 0's state (after the world changed), which is then committed
+    state.sync()          # after the world changed: every rank takes the source rank's state
+    state.commit()        # a point where the world checks for workers added or removed (and, in roll-back mode,
+                          # saves a copy first)
+    state.restore()       # roll-back mode: back to the last commit (after HorovodInternalError)
 
-commit() is save() + check_host_updates(). check_host_updates() allgathers what each rank has heard from the driver
-(hosts added or removed since this world formed), so every rank raises HostsUpdatedInterrupt at the same commit.
+Two modes, chosen by hvd.elastic.run. Lossless (the default, ringtrain/elastic/lossless.py): nothing is restored;
+sync() takes the live state of the lowest rank that completed the most steps (`progress()`), so a failure costs at
+most the step in flight, and commit() copies nothing. Roll-back (`run(..., rollback=True)`, Horovod's): restore()
+goes back to the last commit and sync() takes rank 0's committed state.
+
+commit() in roll-back mode is save() + check_host_updates(); check_host_updates() allgathers what each rank has
+heard from the driver (hosts added or removed since this world formed), so every rank raises HostsUpdatedInterrupt at
+the same commit. In lossless mode the states of the bindings also check at step boundaries (lossless.HostCheck).
 """
 import copy
 
 from ..core import collectives
 from ..core import state as core_state
 from ..world import elastic_worker as worker
-from ..errors import HostsUpdatedInterrupt
+from .lossless import HostCheck, heard_updates, source_rank
 
 
 class State:
@@ -22,7 +30,9 @@ class State:
 
     def __init__(self):
         self._reset_callbacks = []
-        self._seen_update = None        # the driver's last update sequence number this state acted on
+        self.rollback = False           # Horovod's roll-back mode (set by hvd.elastic.run)
+        self._host_check = HostCheck()
+        self._handing_over = False      # inside sync() as a receiver: this rank's state is half overwritten
 
     def register_reset_callbacks(self, callbacks):
         """Functions called with no argument after every change of the world (e.g. to scale the learning rate by
@@ -30,12 +40,14 @@ class State:
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self):
+        self._host_check.reset()
         self.reset()
         for callback in self._reset_callbacks:
             callback()
 
     def commit(self):
-        self.save()
+        if self.rollback:
+            self.save()
         self.check_host_updates()
 
     def check_host_updates(self):
@@ -43,21 +55,40 @@ class State:
         this world formed. Collective (an allgather) in an elastic job; a no-op otherwise."""
         if not worker.enabled():
             return
-        driver = worker.client()
-        seq, added, removed = -1, False, False
-        while not driver.host_updates.empty():
-            update_seq, generation, update_added, update_removed = driver.host_updates.get_nowait()
-            if generation == driver.generation:      # news about an older world is already in this one
-                seq = max(seq, update_seq)
-                added, removed = added or update_added, removed or update_removed
-        heard = collectives.allgather_object((seq, added, removed))
-        newest = max(s for s, _, _ in heard)
-        if newest < 0 or newest == self._seen_update:
+        self._host_check.boundary()
+        heard = collectives.allgather_object(heard_updates())
+        self._host_check.decide([max(column) for column in zip(*heard)])
+        self._host_check.boundary()
+
+    def progress(self):
+        """How far this rank's state got: the optimizer steps it completed (0 where a state does not count them);
+        -1 while sync() is overwriting it (a sync that breaks leaves it unusable as a source)."""
+        return -1 if self._handing_over else self.steps_completed()
+
+    def steps_completed(self):
+        return 0
+
+    def sync(self):
+        """Every rank takes the source rank's state: in lossless mode the lowest rank that completed the most steps
+        (its live state), in roll-back mode rank 0 (its last commit, restored)."""
+        if not core_state.is_initialized():
             return
-        self._seen_update = newest
-        added = any(a for s, a, _ in heard if s >= 0)
-        removed = any(r for s, _, r in heard if s >= 0)
-        raise HostsUpdatedInterrupt(skip_sync=removed and not added)
+        if self.rollback:
+            self.sync_from(0)
+            return
+        root, everyone = source_rank(self.progress())
+        self._handing_over = everyone[core_state.rank()] < everyone[root]
+        self.sync_from(root)
+        self._handing_over = False
+
+    def step_done(self):
+        """Call after each optimizer step (the bindings' states do): the step-boundary host check."""
+        if not self.rollback:
+            self._host_check.step_done()
+
+    def step_begins(self):
+        """Call where a step begins (the bindings' states do): raises what the step-boundary check decided."""
+        self._host_check.boundary()
 
     def save(self):
         raise NotImplementedError
@@ -65,7 +96,7 @@ class State:
     def restore(self):
         raise NotImplementedError
 
-    def sync(self):
+    def sync_from(self, root):
         raise NotImplementedError
 
     def reset(self):
@@ -87,10 +118,17 @@ class ObjectState(State):
     def restore(self):
         self._set_attrs()
 
-    def sync(self):
-        if self._saved_state and core_state.is_initialized():
-            self._saved_state = collectives.broadcast_object(self._saved_state, root_rank=0)
+    def sync_from(self, root):
+        """The attributes of `root`: its committed ones in roll-back mode, its live ones in lossless mode."""
+        if not self._saved_state:
+            return
+        if self.rollback:
+            self._saved_state = collectives.broadcast_object(self._saved_state, root_rank=root)
             self._set_attrs()
+            return
+        live = {name: getattr(self, name) for name in self._saved_state}
+        for name, value in collectives.broadcast_object(live, root_rank=root).items():
+            setattr(self, name, value)
 
     def _set_attrs(self):
         for name, value in self._saved_state.items():

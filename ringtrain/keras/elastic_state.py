@@ -24,9 +24,12 @@ from ..errors import HorovodInternalError
 from ..elastic.state import ObjectState
 
 
-def run(func):
+def run(func=None, *, rollback=False):
     """hvd.elastic.run for TensorFlow/Keras: a collective that fails inside fit's traced step surfaces as a TensorFlow
-    error wrapping ringtrain's; once the world's engine has failed, that is a HorovodInternalError (roll back)."""
+    error wrapping ringtrain's; once the world's engine has failed, that is a HorovodInternalError (re-form)."""
+    if func is None:
+        return functools.partial(run, rollback=rollback)
+
     @functools.wraps(func)
     def converting(state, *args, **kwargs):
         try:
@@ -36,7 +39,7 @@ def run(func):
                 raise HorovodInternalError(f"a collective failed inside a TensorFlow graph: {error.message}") \
                     from error
             raise
-    return runner.run(converting)
+    return runner.run(converting, rollback=rollback)
 
 
 class TensorFlowKerasState(ObjectState):
@@ -67,13 +70,22 @@ class TensorFlowKerasState(ObjectState):
             variable.assign(saved)
         super().restore()
 
+    def steps_completed(self):
+        """The optimizer's own count of applied steps (0 before it is built)."""
+        if self.optimizer is None or not self.optimizer.built:
+            return 0
+        return int(self.optimizer.iterations.numpy())
+
+    def sync_from(self, root):
+        if self.optimizer is not None and not self.optimizer.built:
+            self.optimizer.build(self.model.trainable_variables)
+        broadcast_variables(self._variables(), root_rank=root, prefix="elastic.keras_state")
+        super().sync_from(root)
+
     def sync(self):
-        if core_state.is_initialized():
-            if self.optimizer is not None and not self.optimizer.built:
-                self.optimizer.build(self.model.trainable_variables)
-            broadcast_variables(self._variables(), root_rank=0, prefix="elastic.keras_state")
         super().sync()
-        self.save()
+        if self.rollback:
+            self.save()
 
 
 KerasState = TensorFlowKerasState

@@ -1,25 +1,30 @@
-"""TorchState: a model, an optimizer, samplers and any other attributes, committed and restored together.
+"""TorchState: a model, an optimizer, samplers and any other attributes, handed together to every worker of a new
+world (and, in roll-back mode, committed and restored together).
 
     state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0)
 
-commit() keeps deep copies of the model's and optimizer's state_dict (and the samplers' state) in memory;
-restore() loads them back (bit for bit); sync() broadcasts rank 0's parameters, optimizer state and the rest to
-every rank, and commits the result so a later roll-back lands on the synced state.
+Lossless mode (the default): the state counts each optimizer's completed steps (its step(), wrapped) and checks
+for added or removed workers at step boundaries (after each step; the model's forward pre-hook raises what it
+decided); sync() hands the live parameters, optimizer state, samplers and attributes of the rank
+that completed the most steps to the rest. Nothing is copied per step. Roll-back mode (Horovod's): commit() keeps
+deep copies of the model's and optimizer's state_dict (and the samplers' state) in memory; restore() loads them back
+(bit for bit); sync() broadcasts rank 0's state and commits it.
 """
 import copy
+import functools
 
 import torch
 
 from ..core import collectives
-from ..core import state as core_state
 from ..elastic.sampler import ElasticSampler
 from ..elastic.state import ObjectState
 
 
 class _ModelHandler:
-    def __init__(self, model):
+    def __init__(self, model, state):
         self.value = model
         self.save()
+        model.register_forward_pre_hook(lambda module, args: state.step_begins())
 
     def save(self):
         self._saved = copy.deepcopy(self.value.state_dict())
@@ -27,19 +32,34 @@ class _ModelHandler:
     def restore(self):
         self.value.load_state_dict(self._saved)
 
-    def sync(self):
+    def sync(self, root):
         from .broadcast import broadcast_parameters
-        broadcast_parameters(self.value.state_dict(), root_rank=0)
+        broadcast_parameters(self.value.state_dict(), root_rank=root)
 
     def reset(self):
         pass
 
 
 class _OptimizerHandler(_ModelHandler):
-    def sync(self):
-        from .broadcast import broadcast_optimizer_state
-        broadcast_optimizer_state(self.value, root_rank=0)
+    def __init__(self, optimizer, state):
+        self.value = optimizer
+        self.steps = 0                  # optimizer steps completed (travels with the state in sync)
+        self.save()
+        # the instance's step, wrapped: torch's step post-hooks run twice per step once load_state_dict() has
+        # patched a DistributedOptimizer's class (its step calls the wrapped class's, each patched)
+        inner = optimizer.step
 
+        @functools.wraps(inner)
+        def step(*args, **kwargs):
+            result = inner(*args, **kwargs)
+            self.steps += 1
+            state.step_done()
+            return result
+        optimizer.step = step
+
+    def sync(self, root):
+        from .broadcast import broadcast_optimizer_state
+        broadcast_optimizer_state(self.value, root_rank=root)
 
     def reset(self):
         # a DistributedOptimizer's buckets start over in a new world, where some ranks have never stepped
@@ -49,30 +69,33 @@ class _OptimizerHandler(_ModelHandler):
 
 
 class _SamplerHandler(_ModelHandler):
-    def sync(self):
-        # rank 0's record, as its model and optimizer: after a roll-back the survivors may hold different commits
-        # (one saved a commit whose collective check then failed, another failed a step earlier), and only one
-        # rank's record matches the parameters everyone takes
-        self.value.load_state_dict(collectives.broadcast_object(self.value.state_dict(), root_rank=0))
+    def __init__(self, sampler, state):
+        self.value = sampler
+        self.save()
+
+    def sync(self, root):
+        # the source rank's record, as its model and optimizer: only one rank's record matches the parameters
+        # everyone takes (the samples of a step that completed nowhere are then dealt again)
+        self.value.load_state_dict(collectives.broadcast_object(self.value.state_dict(), root_rank=root))
 
     def reset(self):
         self.value.reset()
 
 
-def _handler_for(value):
+def _handler_for(value, state):
     if isinstance(value, torch.nn.Module):
-        return _ModelHandler(value)
+        return _ModelHandler(value, state)
     if isinstance(value, torch.optim.Optimizer):
-        return _OptimizerHandler(value)
+        return _OptimizerHandler(value, state)
     if isinstance(value, ElasticSampler):
-        return _SamplerHandler(value)
+        return _SamplerHandler(value, state)
     return None
 
 
 class TorchState(ObjectState):
     def __init__(self, model=None, optimizer=None, **kwargs):
         kwargs.update(model=model, optimizer=optimizer)
-        handlers = {name: _handler_for(value) for name, value in kwargs.items()}
+        handlers = {name: _handler_for(value, self) for name, value in kwargs.items()}
         handlers = {name: handler for name, handler in handlers.items() if handler is not None}
         object.__setattr__(self, "_handlers", handlers)
         for name, handler in handlers.items():
@@ -82,8 +105,11 @@ class TorchState(ObjectState):
     def __setattr__(self, name, value):
         handlers = self.__dict__.get("_handlers", {})
         if name in handlers:        # a new model/optimizer object replaces the one committed
-            handlers[name] = _handler_for(value) or handlers[name]
+            handlers[name] = _handler_for(value, self) or handlers[name]
         super().__setattr__(name, value)
+
+    def steps_completed(self):
+        return sum(h.steps for h in self._handlers.values() if isinstance(h, _OptimizerHandler))
 
     def save(self):
         for handler in self._handlers.values():
@@ -95,12 +121,19 @@ class TorchState(ObjectState):
             handler.restore()
         super().restore()
 
+    def sync_from(self, root):
+        for handler in self._handlers.values():
+            handler.sync(root)
+        counters = {name: h for name, h in self._handlers.items() if isinstance(h, _OptimizerHandler)}
+        steps = collectives.broadcast_object({name: h.steps for name, h in counters.items()}, root_rank=root)
+        for name, handler in counters.items():
+            handler.steps = steps[name]
+        super().sync_from(root)
+
     def sync(self):
-        if core_state.is_initialized():
-            for handler in self._handlers.values():
-                handler.sync()
-            super().sync()
-        self.save()
+        super().sync()
+        if self.rollback:
+            self.save()
 
     def reset(self):
         for handler in self._handlers.values():

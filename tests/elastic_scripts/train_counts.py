@@ -127,7 +127,7 @@ def die():
     os.kill(os.getpid(), 9)
 
 
-@hvd.elastic.run
+@hvd.elastic.run(rollback=True)     # Horovod's mode: these cases check the roll-back to the last commit
 def train(state):
     say(f"START size={hvd.size()} digest={digest()}")
     while state.epoch < 1:

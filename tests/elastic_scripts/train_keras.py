@@ -111,7 +111,7 @@ callbacks = [Faults(), SamplerState(), hvd.elastic.CommitStateCallback(state, ba
              hvd.elastic.UpdateBatchStateCallback(state), hvd.elastic.UpdateEpochStateCallback(state)]
 
 
-@hvd.elastic.run
+@hvd.elastic.run(rollback=True)     # Horovod's mode: these cases check the roll-back to the last commit
 def train(state):
     sampler.load_state_dict(state.sampler_state)       # after a roll-back or sync: the committed record
     say(f"START size={hvd.size()} digest={digest()}")

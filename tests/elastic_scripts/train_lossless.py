@@ -1,0 +1,183 @@
+"""An elastic torch job whose final state a one-process replay checks: one optimizer (OPTIMIZER=sgd: SGD with
+momentum; adam: Adam), op=Average, a fixed data order, and a record of every step the final state went through.
+
+Every rank keeps `state.history` (a state attribute: handed over with the model in sync): for each completed step,
+the world's size and every rank's sample indices. At the end rank 0 prints it with the parameters and the optimizer
+state; the test (tests/test_elastic_lossless.py) replays the history in one process -- each rank's gradient on its
+own samples, averaged over that step's world size, one optimizer step -- and compares, and checks that the history
+trains every sample exactly once.
+
+Lossless mode (the default) has no commit() here at all. ROLLBACK=1 runs Horovod's roll-back mode with a commit
+every COMMIT_EVERY steps.
+Environment: KILL_RANK=r KILL_STEP=s KILL_AT=where: in the first world, rank r SIGKILLs itself in step s --
+  before     as the step begins
+  backward   after its backward pass (its gradients may be on their way)
+  in_step    inside optimizer.step(), before its gradients are reduced
+  after_step after optimizer.step() returned, before the step is recorded
+  timer:t    t seconds into the step (a thread), wherever the step is then
+JOIN=1: a worker started later (after the blacklist cooldown) must join; the smaller world waits for the news of it.
+Lines: "rank r: GPU slot=s device_of_2=d" at start, "rank r: REDEALT n steps=k size=w" each time train() starts
+(n: samples a step of the last world was dealt that no completed step consumed, dealt again now; k: the steps
+completed so far; w: the world's size), "rank r: FINAL size=n digest=d" on every rank (d: of its parameters and optimizer state); rank 0 also prints "rank 0: REFERENCE <json>".
+"""
+import faulthandler
+import hashlib
+import json
+import os
+import signal
+import threading
+import time
+
+import torch
+
+import ringtrain.torch as hvd
+from ringtrain import gpu
+from ringtrain.core import collectives
+from ringtrain.core import state as core_state
+from ringtrain.world import elastic_worker
+
+torch.set_num_threads(1)
+N, BATCH, FEATURES = 48, 2, 3
+LR = {"sgd": 0.05, "adam": 0.02}
+OPTIMIZER = os.environ.get("OPTIMIZER", "sgd")
+KILL_STEP = int(os.environ.get("KILL_STEP", "-1"))
+KILL_AT = os.environ.get("KILL_AT", "before")
+ROLLBACK = os.environ.get("ROLLBACK") == "1"
+COMMIT_EVERY = int(os.environ.get("COMMIT_EVERY", "2"))
+
+faulthandler.register(signal.SIGUSR1)      # a hung worker's stack: kill -USR1 <pid>
+hvd.init()
+
+
+def data():
+    """Sample i: a fixed input row and target, the same in the test's replay."""
+    g = torch.Generator().manual_seed(11)
+    return torch.randn(N, FEATURES, generator=g, dtype=torch.float64), torch.randn(N, 2, generator=g,
+                                                                                    dtype=torch.float64)
+
+
+def make_model():
+    torch.manual_seed(0)
+    return torch.nn.Linear(FEATURES, 2).double()
+
+
+def make_optimizer(params, name):
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=LR[name], momentum=0.9)
+    return torch.optim.Adam(params, lr=LR[name])
+
+
+def loss_on(model, x, y, indices):
+    """Sum of squared errors over this rank's samples, divided by the batch size (an empty shard gives zero)."""
+    return ((model(x[indices]) - y[indices]) ** 2).sum() / BATCH
+
+
+X, Y = data()
+model = make_model()
+optimizer = hvd.DistributedOptimizer(make_optimizer(model.parameters(), OPTIMIZER),
+                                     named_parameters=model.named_parameters(), op=hvd.Average)
+sampler = hvd.elastic.ElasticSampler(list(range(N)), shuffle=True, seed=5)
+state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, history=[], first_size=hvd.size())
+attempted = set()        # every rank's samples of each step this process began, since train() last started
+
+
+def say(text):
+    os.write(1, f"rank {hvd.rank()}: {text}\n".encode())     # one write: the workers share one pipe
+
+
+say(f"GPU slot={elastic_worker.slot()} "
+    f"device_of_2={gpu.choose_device(core_state.gpu_index(hvd.local_rank()), 2)}")
+
+
+def die():
+    say(f"KILLED at {time.time():.3f} ({KILL_AT})")
+    os.kill(os.getpid(), 9)
+
+
+def in_first_world():
+    return elastic_worker.client().generation == 1
+
+
+def kill_here(where, batch):
+    if where == KILL_AT and batch == KILL_STEP and in_first_world() and str(hvd.rank()) == os.environ.get("KILL_RANK"):
+        die()
+
+
+def in_step_kill(opt, args, kwargs):
+    kill_here("in_step", current["batch"])
+
+
+current = {"batch": -1}
+optimizer.register_step_pre_hook(in_step_kill)
+
+
+def report_redealt():
+    """After a failure: the samples this world's steps began with that no completed step consumed (re-dealt)."""
+    consumed = set(sampler.processed_indices)
+    lost = collectives.allgather_object(sorted(attempted - consumed))
+    redealt = set(i for part in lost for i in part)
+    say(f"REDEALT {len(redealt)} steps={len(state.history)} size={hvd.size()}")
+
+
+def wait_for_news_of_the_joiner():
+    """JOIN=1, in the world the failure left: wait (up to 60 s) until the driver announced the new worker (only the
+    pace changes: the next step boundaries then agree to let it in)."""
+    driver = elastic_worker.client()
+    if os.environ.get("JOIN") != "1" or hvd.size() >= state.first_size or joiner_heard:
+        return
+    deadline = time.monotonic() + 60
+    while driver.host_updates.empty() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    joiner_heard.append(True)
+
+
+joiner_heard = []
+
+
+@hvd.elastic.run(rollback=ROLLBACK)
+def train(state):
+    report_redealt()            # collective: every member of a new world starts train() once
+    attempted.clear()
+    while state.epoch < 1:
+        for batch in range(state.sampler.steps(BATCH)):
+            current["batch"] = batch
+            shards = [shard[batch * BATCH:(batch + 1) * BATCH] for shard in state.sampler._shards()]
+            attempted.update(i for shard in shards for i in shard)
+            if in_first_world() and KILL_AT.startswith("timer:") and batch == KILL_STEP and \
+                    str(hvd.rank()) == os.environ.get("KILL_RANK"):
+                threading.Timer(float(KILL_AT.split(":")[1]), die).start()
+            kill_here("before", batch)
+            optimizer.zero_grad()
+            loss_on(model, X, Y, state.sampler.get_indices(batch, BATCH)).backward()
+            kill_here("backward", batch)
+            optimizer.step()
+            kill_here("after_step", batch)
+            state.history = state.history + [[hvd.size(), shards]]
+            state.sampler.record_batch(batch, BATCH)
+            wait_for_news_of_the_joiner()
+            time.sleep(0.01)
+            if ROLLBACK and len(state.history) % COMMIT_EVERY == 0:
+                state.commit()
+        state.epoch += 1
+        state.sampler.set_epoch(state.epoch)
+        if ROLLBACK:
+            state.commit()
+
+
+def digest():
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().numpy().tobytes())
+    for p in model.parameters():
+        for key, value in sorted(optimizer.state[p].items()):
+            h.update(key.encode() + (value.numpy().tobytes() if torch.is_tensor(value) else repr(value).encode()))
+    return h.hexdigest()[:16]
+
+
+train(state)
+say(f"FINAL size={hvd.size()} digest={digest()}")
+if hvd.rank() == 0:
+    optimizer_state = [{k: (v.tolist() if torch.is_tensor(v) else v) for k, v in optimizer.state[p].items()}
+                       for p in model.parameters()]
+    say("REFERENCE " + json.dumps({"history": state.history, "params": [p.tolist() for p in model.parameters()],
+                                   "optimizer": optimizer_state}))

@@ -1,0 +1,132 @@
+"""Lossless elastic recovery with real worker processes (tests/elastic_scripts/train_lossless.py): a worker is
+SIGKILLed at a random moment of a random step, the survivors go on with no commit() anywhere, and the final
+parameters and optimizer state equal a one-process replay of exactly the samples the job trained -- each once, with
+each step averaged over its own world's size. The step, the moment and the rank are drawn per run (the seed is in
+the test's output: RINGTRAIN_TEST_SEED=s reruns one draw). Also Horovod's roll-back mode (commit every 2 steps),
+which must end on a replayable trajectory too.
+
+What a wrong recovery looks like here: a sync that drops the optimizer state (the worker that joins starts with
+none; a survivor that missed the last step keeps its old momentum), an Average by the old world's size, a sample
+lost or trained twice when the samples of the failed step are dealt again, a roll-back of completed steps.
+"""
+import json
+import os
+import random
+import re
+
+import numpy as np
+import pytest
+
+from elastic_jobs import SCRIPTS, needs_mpiexec, run_elastic
+
+pytestmark = needs_mpiexec
+
+KILL_POINTS = ("before", "backward", "in_step", "after_step", "timer")
+
+
+def draw(workers):
+    """(seed, kill rank, kill step, kill point): the step among the first world's full steps, past the first."""
+    seed = int(os.environ.get("RINGTRAIN_TEST_SEED", random.SystemRandom().randrange(1 << 30)))
+    rng = random.Random(seed)
+    steps = 48 // 2 // workers
+    point = rng.choice(KILL_POINTS)
+    if point == "timer":
+        point = f"timer:{rng.uniform(0.0, 0.012):.4f}"
+    return seed, rng.randrange(workers), rng.randrange(1, steps - 1), point
+
+
+def replay(history, optimizer_name):
+    """One process, the same steps: each rank's gradient on its own samples, averaged over the step's world size,
+    then one optimizer step. Returns (parameters, optimizer state per parameter)."""
+    import torch
+    namespace = {"__name__": "train_lossless_defs"}
+    source = (SCRIPTS / "train_lossless.py").read_text().split("\nX, Y = data()")[0]
+    exec(compile(source.replace("import ringtrain.torch as hvd", "").replace("hvd.init()", ""),
+                 "train_lossless.py", "exec"), namespace)
+    x, y = namespace["data"]()
+    model = namespace["make_model"]()
+    opt = namespace["make_optimizer"](model.parameters(), optimizer_name)
+    for size, shards in history:
+        assert len(shards) == size
+        grads = [torch.zeros_like(p) for p in model.parameters()]
+        for indices in shards:
+            model.zero_grad()
+            namespace["loss_on"](model, x, y, indices).backward()
+            grads = [g + p.grad for g, p in zip(grads, model.parameters())]
+        for p, g in zip(model.parameters(), grads):
+            p.grad = g / size
+        opt.step()
+    states = [{k: (v.tolist() if torch.is_tensor(v) else v) for k, v in opt.state[p].items()}
+              for p in model.parameters()]
+    return [p.tolist() for p in model.parameters()], states
+
+
+def check_against_replay(job, optimizer_name):
+    final = job.lines("FINAL")
+    assert len({lines[0]["digest"] for lines in final.values()}) == 1, f"the ranks' final states differ\n{job}"
+    [line] = re.findall(r"^rank 0: REFERENCE (.*)$", job.output, re.M)
+    final = json.loads(line)
+    history = final["history"]
+    trained = sorted(i for _, shards in history for shard in shards for i in shard)
+    assert trained == list(range(48)), f"each sample once: {trained}\n{job}"
+    params, states = replay(history, optimizer_name)
+    for got, want in zip(final["params"], params):
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+    assert [sorted(s) for s in final["optimizer"]] == [sorted(s) for s in states], job
+    for got, want in zip(final["optimizer"], states):
+        for key in want:
+            np.testing.assert_allclose(got[key], want[key], rtol=1e-9, atol=1e-12, err_msg=key)
+    return history
+
+
+@pytest.mark.parametrize("workers,optimizer_name", [(3, "sgd"), (4, "adam")])
+def test_lossless_kill_at_a_random_moment_equals_the_replay_of_what_was_trained(tmp_path, workers, optimizer_name):
+    """No commit(): a killed worker costs at most the step in flight (the first world's completed steps are all in
+    the final trajectory), the samples no completed step consumed are dealt again (reported), and a worker that
+    joins afterwards (the host's cooldown over) takes the whole state: parameters, optimizer state and steps."""
+    seed, rank, step, point = draw(workers)
+    print(f"draw: RINGTRAIN_TEST_SEED={seed}: rank {rank} killed in step {step} at {point}")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\necho localhost:{workers}\n")
+    script.chmod(0o755)
+    job = run_elastic("-np", str(workers), "--min-np", str(workers - 1), "--max-np", str(workers),
+                      "--host-discovery-script", str(script), "--blacklist-cooldown-range", "1", "1",
+                      script="train_lossless.py", OPTIMIZER=optimizer_name, KILL_RANK=rank, KILL_STEP=step,
+                      KILL_AT=point, JOIN=1)
+    assert job.returncode == 0, job
+    assert f"rank {rank}: KILLED" in job.output, job
+    assert f"world 2: {workers - 1} workers" in job.output, job
+    assert re.search(rf"world 3: {workers} workers; joined: localhost\[{rank}\]", job.output), job
+    history = check_against_replay(job, optimizer_name)
+    first_world_steps = next(i for i, (size, _) in enumerate(history) if size != workers)
+    assert first_world_steps >= step, f"steps before the one in flight were lost: {first_world_steps} < {step}"
+    counts = _redealt(job, workers - 1)
+    assert len(counts) == workers - 1 and len(set(counts)) == 1, job   # each survivor reports once, alike
+    count = counts[0]
+    print(f"re-dealt samples: {count} (first world completed {first_world_steps} steps; killed in step {step})")
+    assert count <= workers * 2, job                                    # at most the step in flight
+    if point == "before":
+        assert first_world_steps == step and count == workers * 2, job  # that step completed nowhere
+
+
+def _redealt(job, size):
+    """The re-dealt counts the ranks of the first world of `size` reported as it started."""
+    return [int(n) for n in re.findall(rf"^rank \d+: REDEALT (\d+) steps=\d+ size={size}$", job.output, re.M)]
+
+
+def test_rollback_mode_with_commits_equals_the_replay_of_the_committed_steps():
+    """Horovod's mode, chosen explicitly: a commit every 2 steps, a kill after an uncommitted step; the survivors
+    roll back to the commit and the final state equals the replay of the committed trajectory. Each worker picks
+    its GPU by its slot (checked with a pretend device count of 2)."""
+    job = run_elastic("-np", "3", "--min-np", "2", script="train_lossless.py", OPTIMIZER="adam", ROLLBACK=1,
+                      COMMIT_EVERY=2, KILL_RANK=1, KILL_STEP=3, KILL_AT="before")
+    assert job.returncode == 0, job
+    assert "rank 1: KILLED" in job.output and "world 2: 2 workers" in job.output, job
+    first_world = {int(r): (int(s), int(d)) for r, s, d in
+                   re.findall(r"^rank (\d+): GPU slot=(\d+) device_of_2=(\d+)$", job.output, re.M)[:3]}
+    assert sorted(first_world) == [0, 1, 2], job
+    assert sorted(s for s, _ in first_world.values()) == [0, 1, 2], job           # one slot each on localhost
+    assert all(d == s % 2 for s, d in first_world.values()), job                  # GPU = slot % device count
+    history = check_against_replay(job, "adam")
+    assert sum(1 for size, _ in history if size == 3) == 2, job        # step 2 (uncommitted) was rolled back
+    assert _redealt(job, 2) == [2 * 3 * 2] * 2, job                    # steps 2 and 3 dealt again
