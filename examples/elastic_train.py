@@ -5,15 +5,18 @@ that join, with Horovod's elastic API.
     ringtrain-run -np 3 --min-np 2 python examples/elastic_train.py --demo-kill 2    # rank 2 dies in epoch 2
     ringtrain-run -np 2 --min-np 1 --max-np 4 --host-discovery-script ./discover.sh python examples/elastic_train.py
 
-TorchState holds the model, the optimizer, the sampler and the epoch; state.commit() every --commit-every batches
-is what a failure rolls back to. ElasticSampler deals the samples not yet trained this epoch over whoever is in the
-world, so after a resize no sample is trained twice or skipped. The learning rate follows the world's size (the
-linear scaling rule) through a reset callback. Under plain `mpirun` the same script trains once, not elastically.
+TorchState holds the model, the optimizer, the sampler and the epoch. There is no state.commit(): ringtrain's
+elastic mode is lossless, so when a worker dies the survivors go on from the furthest step any of them completed
+and only the step in flight is trained again (hvd.elastic.run(rollback=True) would roll back to the last commit
+instead, as Horovod). ElasticSampler deals the samples not yet trained this epoch over whoever is in the world, so
+after a resize no sample is trained twice or skipped. The learning rate follows the world's size (the linear
+scaling rule) through a reset callback. Under plain `mpirun` the same script trains once, not elastically.
 """
 import argparse
 import math
 import os
 import signal
+import time
 
 import numpy as np
 import torch
@@ -28,9 +31,10 @@ def parse_args():
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=50, help="rows per rank per step")
     parser.add_argument("--lr", type=float, default=0.5, help="learning rate on one rank (times the world's size)")
-    parser.add_argument("--commit-every", type=int, default=4, help="batches between commits")
     parser.add_argument("--demo-kill", type=int, metavar="RANK",
                         help="this rank SIGKILLs itself in the middle of epoch 2 (to watch a recovery)")
+    parser.add_argument("--demo-pace", type=float, default=0.0, metavar="SECONDS",
+                        help="sleep this long after each step (to watch workers come and go)")
     return parser.parse_args()
 
 
@@ -69,12 +73,10 @@ def main():
                 loss.backward()
                 optimizer.step()
                 losses.append(loss.item())
-                state.sampler.record_batch(batch, args.batch_size)
-                if (batch + 1) % args.commit_every == 0:
-                    state.commit()
+                state.sampler.record_batch(batch, args.batch_size)     # right after the step, before any collective
+                time.sleep(args.demo_pace)
             state.epoch += 1
             state.sampler.set_epoch(state.epoch)
-            state.commit()
             accuracy = (model(torch.from_numpy(x_test)).argmax(1).numpy() == y_test).mean()
             if hvd.rank() == 0:
                 print(f"epoch {state.epoch:3d}/{args.epochs}  workers {hvd.size()}  "

@@ -4,13 +4,17 @@ using workers that join, with Horovod's elastic API and callbacks.
     ringtrain-run -np 3 --min-np 2 python examples/keras_elastic_train.py
     ringtrain-run -np 3 --min-np 2 python examples/keras_elastic_train.py --demo-kill 2    # rank 2 dies in epoch 2
 
-KerasState holds the model and optimizer variables and the epoch; CommitStateCallback commits every few batches,
-UpdateEpochStateCallback keeps state.epoch, so fit(initial_epoch=state.epoch) resumes where the commit was. The
-ElasticSampler's record is kept in the state as a plain attribute. The learning rate follows the world's size.
+KerasState holds the model and optimizer variables and the epoch. Recovery is lossless (ringtrain's default): when
+a worker dies, the survivors go on from the furthest batch any of them completed (the optimizer's step count
+tells), so only the batch in flight is trained again. CommitStateCallback copies nothing then: every few batches it
+is where the ranks agree whether workers joined. UpdateEpochStateCallback keeps state.epoch, so
+fit(initial_epoch=state.epoch) resumes in the right epoch; the ElasticSampler's record is kept in the state as a
+plain attribute, updated right after each batch. The learning rate follows the world's size.
 """
 import argparse
 import os
 import signal
+import time
 
 import keras
 import numpy as np
@@ -26,9 +30,11 @@ def parse_args():
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=50, help="rows per rank per step")
     parser.add_argument("--lr", type=float, default=0.5, help="learning rate on one rank (times the world's size)")
-    parser.add_argument("--commit-every", type=int, default=4, help="batches between commits")
+    parser.add_argument("--commit-every", type=int, default=4, help="batches between checks for workers that joined")
     parser.add_argument("--demo-kill", type=int, metavar="RANK",
                         help="this rank SIGKILLs itself in the middle of epoch 2 (to watch a recovery)")
+    parser.add_argument("--demo-pace", type=float, default=0.0, metavar="SECONDS",
+                        help="sleep this long after each batch (to watch workers come and go)")
     return parser.parse_args()
 
 
@@ -68,6 +74,7 @@ def main():
         def on_batch_end(self, batch, logs=None):
             sampler.record_batch(batch, args.batch_size)
             state.sampler_state = sampler.state_dict()
+            time.sleep(args.demo_pace)
 
         def on_epoch_end(self, epoch, logs=None):
             sampler.set_epoch(epoch + 1)
@@ -78,7 +85,7 @@ def main():
 
     @hvd.elastic.run
     def train(state):
-        sampler.load_state_dict(state.sampler_state)        # the committed record, dealt over this world
+        sampler.load_state_dict(state.sampler_state)        # the record handed over, dealt over this world
         while state.epoch < args.epochs:
             model.fit(batches(), steps_per_epoch=sampler.steps(args.batch_size), initial_epoch=state.epoch,
                       epochs=state.epoch + 1, callbacks=callbacks, verbose=0)

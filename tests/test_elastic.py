@@ -188,11 +188,11 @@ def test_keras_fit_worker_added_by_discovery_joins_and_gets_the_state(tmp_path):
     assert len({f[0]["digest"] for f in final.values()}) == 1, job
 
 
-def run_example(script, *args):
+def run_example(script, *args, launcher=("-np", "3", "--min-np", "2")):
     """An examples/ script under ringtrain-run's elastic mode, from the examples directory (its data helper)."""
     environ = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                    PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])))
-    cmd = [sys.executable, "-m", "ringtrain.launch.run", "-np", "3", "--min-np", "2", sys.executable, script, *args]
+    cmd = [sys.executable, "-m", "ringtrain.launch.run", *launcher, sys.executable, script, *args]
     proc = subprocess.Popen(cmd, cwd=REPO / "examples", env=environ, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -205,12 +205,17 @@ def run_example(script, *args):
 
 
 @pytest.mark.parametrize("script", ["elastic_train.py", pytest.param("keras_elastic_train.py", marks=keras_only)])
-def test_example_survives_a_killed_worker(script):
-    """The examples README's command with --demo-kill: rank 2 dies in epoch 2, the job learns on with 2 workers."""
-    out = run_example(script, "--demo-kill", "2", "--epochs", "6")
+def test_example_survives_a_killed_worker_and_takes_in_a_new_one(script, tmp_path):
+    """The examples README's command with --demo-kill: rank 2 dies in epoch 2, the job learns on with 2 workers, and
+    a new worker started on the freed slot (the host's cooldown over) joins and trains to the end."""
+    discover, _ = _discovery_script(tmp_path, "localhost:3\n")
+    out = run_example(script, "--demo-kill", "2", "--epochs", "6", "--demo-pace", "0.2",
+                      launcher=("-np", "3", "--min-np", "2", "--max-np", "3", "--host-discovery-script",
+                                str(discover), "--blacklist-cooldown-range", "1", "1"))
     assert "world 2: 2 workers" in out, out[-12000:]
+    assert re.search(r"world 3: 3 workers; joined: localhost\[2\]", out), out[-12000:]
     final = re.search(r"final: workers (\d+)  epochs (\d+)  test accuracy ([0-9.]+)", out)
-    assert final and final.group(1, 2) == ("2", "6") and float(final.group(3)) >= 0.8, out[-12000:]
+    assert final and final.group(1, 2) == ("3", "6") and float(final.group(3)) >= 0.8, out[-12000:]
 
 
 def test_reset_limit_ends_the_job_at_the_first_reformation_too_many():

@@ -130,3 +130,25 @@ def test_rollback_mode_with_commits_equals_the_replay_of_the_committed_steps():
     history = check_against_replay(job, "adam")
     assert sum(1 for size, _ in history if size == 3) == 2, job        # step 2 (uncommitted) was rolled back
     assert _redealt(job, 2) == [2 * 3 * 2] * 2, job                    # steps 2 and 3 dealt again
+
+
+def test_scale_down_a_removed_slots_worker_leaves_at_a_step_boundary_and_nothing_is_undone(tmp_path):
+    """The discovery script drops a slot mid-run: its worker leaves at the next step boundary (exit 0, saying
+    why), the others go on without a roll-back or a sync, and the final state equals the replay."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:3\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    script.chmod(0o755)
+    job = run_elastic("-np", "3", "--min-np", "2", "--host-discovery-script", str(script), script="train_lossless.py",
+                      OPTIMIZER="sgd", SHRINK_HOSTS_FILE=hosts, SHRINK_STEP=2)
+    assert job.returncode == 0, job
+    assert "localhost[2] leave world 1 at its next step boundary" in job.output, job
+    assert re.search(r"world 2: 2 workers; left: localhost\[2\]", job.output), job
+    assert re.search(r"worker localhost\[2\]#\d+ leaves the job: its slot localhost\[2\] is no longer in the host "
+                     r"list", job.output), job
+    assert "KILLED" not in job.output and "lost its connection" not in job.output, job
+    history = check_against_replay(job, "sgd")
+    first_world_steps = next(i for i, (size, _) in enumerate(history) if size != 3)
+    assert first_world_steps >= 3, job                                  # steps 0-2 kept: nothing rolled back
+    assert _redealt(job, 2) == [6, 6], job                              # the step that raised the interrupt

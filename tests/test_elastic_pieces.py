@@ -133,6 +133,8 @@ def test_discovery_reads_hosts_and_names_every_failure(tmp_path):
         run_discovery(script(tmp_path, "echo 'a b c'"), default_slots=1)
     with pytest.raises(DiscoveryError, match="failed"):
         run_discovery(os.path.join(str(tmp_path), "missing.sh"), default_slots=1)
+    with pytest.raises(DiscoveryError, match=r"discover\.sh' printed no host"):
+        run_discovery(script(tmp_path, "echo '# nothing up'"), default_slots=1)
 
 
 def test_the_driver_protocol_reassembles_messages_split_anywhere():
@@ -247,3 +249,36 @@ def test_lossless_sync_hands_over_from_the_furthest_rank_and_rollback_from_rank_
             state.sync()
         assert state.roots == expected
         assert state.progress() == 0                    # handed over whole: a source again
+
+
+def test_the_driver_channel_hands_over_what_came_with_the_hello_and_sees_a_close():
+    import socket
+    import types
+
+    from ringtrain.launch.elastic_channel import DriverChannel
+    from ringtrain.world.elastic_protocol import encode
+    channel = DriverChannel()
+    worker = types.SimpleNamespace(id="localhost[0]#1", gone=False, conn=None, reader=None)
+    stranger = socket.create_connection(("127.0.0.1", channel.port))
+    stranger.sendall(encode("hello", worker="nobody", pid=1))
+    client = socket.create_connection(("127.0.0.1", channel.port))
+    client.sendall(encode("hello", worker=worker.id, pid=2) + encode("ready"))     # one segment
+    events = []
+    for _ in range(50):
+        events += channel.poll(0.05, [worker])
+        if events:
+            break
+    assert events == [(worker, {"op": "ready"})]
+    assert stranger.recv(10) == b""                          # a hello naming no live worker is closed
+    assert channel.send(worker, "world", rank=0, size=1, generation=1)
+    assert client.recv(200).startswith(b'{"op": "world"')
+    client.close()
+    closed = []
+    for _ in range(50):
+        closed += channel.poll(0.05, [worker])
+        if closed:
+            break
+    assert closed == [(worker, None)]
+    channel.drop(worker)
+    assert not channel.send(worker, "world")                 # dropped: unreachable, no exception
+    channel.close()

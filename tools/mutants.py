@@ -761,6 +761,12 @@ MUTANTS = [
            "        return self.steps_completed()\n",
            (Tests((ELASTIC_PIECES,), select="broken_sync"),),
            "a rank whose sync broke half way (its source died) offers its half-overwritten state as a source"),
+    Mutant("elastic_channel_drops_what_came_with_the_hello", "ringtrain/launch/elastic_channel.py",
+           "        return [(worker, message) for message in more]\n",
+           "        return []\n",
+           (Tests((ELASTIC_PIECES,), select="driver_channel"),),
+           "a worker's first messages sent in the same segment as its hello ('ready') are lost: the first world "
+           "never forms"),
     Mutant("elastic_driver_waits_when_no_worker_can_come", "ringtrain/launch/elastic_driver.py",
            "            if not self._more_workers_possible():",
            "            if False:",
@@ -778,7 +784,7 @@ MUTANTS = [
            (Tests((ELASTIC,), select="different_commits", env=(("MPIR_CVAR_CH4_NETMOD", "ucx"),)),),
            "an idle survivor follows a peer into an agreement cycle after the driver said a worker died, and its "
            "send to the dead rank crashes the process inside MPICH's ucx module (SIGSEGV in MPI_Isend)"),
-    Mutant("elastic_workers_on_mpichs_ucx_module", "ringtrain/launch/elastic_driver.py",
+    Mutant("elastic_workers_on_mpichs_ucx_module", "ringtrain/launch/elastic_workers.py",
            '        env.setdefault("MPIR_CVAR_CH4_NETMOD", "ofi")\n', "",
            (Tests((ELASTIC,), select="send_to_the_worker_that_died"),),
            "elastic workers on MPICH's default (ucx) network module: a survivor's send to a worker that just died "

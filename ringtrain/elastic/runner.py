@@ -69,33 +69,21 @@ def run(func=None, *, rollback=False):
     return wrapper
 
 
-_abandoned = []      # this process left a world without freeing it
-
-
 def _reform(error):
-    """Leave the current world -- cleanly when it is healthy (every rank got the same interrupt) and this process
-    never abandoned one, else abandon it -- and start ringtrain on the next one the driver forms.
+    """Leave the current world without another MPI call on it (abandon: nothing of it is freed), and start ringtrain
+    on the next one the driver forms.
 
-    After an abandoned world a clean shutdown can hang: freeing the next world's agreement window (collective) makes
-    MPI progress the abandoned world's operations towards the dead worker, measured with MPICH's ofi module (one
-    survivor of three stuck in MPI_Win_free while the others had left it)."""
+    Not a clean shutdown, even when every rank got the same interrupt: freeing the world's agreement window is
+    collective, and on MPICH's ofi module a rank that has left it makes no more MPI progress (it waits for the
+    driver), so a peer still inside MPI_Win_free waits forever -- measured here, one worker of three, with and
+    without an earlier abandoned world. What an abandoned world holds (its window, communicator) stays allocated."""
     config = core_state.config() if core_state.is_initialized() else None
-    if error is False and not _abandoned:
-        try:
-            core_state.shutdown()
-        except HorovodInternalError as shutdown_error:
-            _abandon(f"leaving the world after {shutdown_error}")
-    elif error is False:
-        _abandon("workers were added or removed; re-forming the world")
+    if error is False:
+        core_state.abandon("workers were added or removed; re-forming the world")
     else:
-        _abandon(f"a collective failed ({error}); re-forming the world")
+        core_state.abandon(f"a collective failed ({error}); re-forming the world")
     overrides = {} if config is None else _overrides(config)
     core_state.init(**overrides)
-
-
-def _abandon(reason):
-    _abandoned.append(reason)
-    core_state.abandon(reason)
 
 
 def _overrides(config):

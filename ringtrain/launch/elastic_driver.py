@@ -1,73 +1,49 @@
-"""The elastic driver inside `ringtrain-run`: starts each worker as its own 1-rank MPI job, forms the world from
-whoever is alive, and re-forms it when workers die or join.
+"""The elastic driver inside `ringtrain-run`: forms the world from whoever is alive, and re-forms it when workers
+die, join or leave.
 
     ringtrain-run -np 4 --min-np 2 --max-np 6 --host-discovery-script ./discover.sh python train.py
     ringtrain-run -np 3 --min-np 2 -H localhost:3 python train.py
 
-Each worker runs `mpiexec -n 1 [-hosts H] command` with the driver's address in its environment and keeps one TCP
-connection to the driver (ringtrain/world/elastic_protocol.py). A worker's connection closing (or its mpiexec ending) is
-how a death is seen, within milliseconds: the driver tells the rest of that world at once (`peer_failed`, which ends
-their waits), blacklists the host, and forms the next world when every survivor has asked for one. New workers
-(free slots, up to --max-np) are started as discovery offers slots; once ready they are announced to the running
-world (`hosts_updated`), whose next commit raises HostsUpdatedInterrupt, and they join the next world.
+Its parts: the host list (hosts.HostWatch: fixed, or the discovery script's), the worker processes
+(elastic_workers.py: each worker is `mpiexec -n 1 [-hosts H] command` with the driver's address in its
+environment), the messages (elastic_channel.py: one TCP connection per worker, ringtrain/world/elastic_protocol.py).
+This class decides: who is in which world, and what a death, a new worker or a removed slot means.
+
+A worker's connection closing (or its mpiexec ending) is how a death is seen, within milliseconds: the driver tells
+the rest of that world at once (`peer_failed`, which ends their waits), blacklists the host, and forms the next world
+when every survivor has asked for one. New workers (free slots, up to --max-np) are started as discovery offers
+slots; once ready they are announced to the running world (`hosts_updated`), whose next step boundary (or commit)
+raises HostsUpdatedInterrupt, and they join the next world. A slot that leaves the discovery script's list takes
+its worker with it: outside the world at once, inside it at the world's next step boundary (`hosts_updated` with
+removed=True; the next world is formed without it and it is told to `leave`, and exits 0).
 
 The rules: the world's order is the old world's survivors by their old rank, then newcomers in the order they
-became ready (so rank 0 is a survivor whenever there is one, and sync() hands its state to the rest). Fewer than
---min-np ready workers for --elastic-timeout seconds ends the job with an error, as do more than --reset-limit
-re-formations. A worker dying while a world is being formed ends the job too (the others are blocked inside MPI's
-Accept). When one worker of the world exits 0 the job is finishing: nothing new is formed or started, and the job's
-status is 0 when every worker of the last world exited 0.
+became ready (so rank 0 is a survivor whenever there is one). Fewer than --min-np ready workers for
+--elastic-timeout seconds ends the job with an error, as do more than --reset-limit re-formations, and a discovery
+script that fails at the start (later failures keep the last host list). A worker dying while a world is being
+formed ends the job too (the others are blocked inside MPI's Accept). When one worker of the world exits 0 the job
+is finishing: nothing new is formed or started, and the job's status is 0 when every worker of the last world exited
+0.
 """
-import dataclasses
 import os
-import selectors
 import signal
-import socket
-import subprocess
 import sys
 import time
 
-from .hosts import Blacklist, DiscoveryError, free_slots, parse_hosts, run_discovery
-from ..world.elastic_protocol import (DRIVER_VARIABLE, HOST_VARIABLE, SLOT_VARIABLE, WORKER_VARIABLE, LineReader,
-                                     encode)
-from .child import die_with_parent
+from .elastic_channel import DriverChannel
+from .elastic_workers import WorkerProcesses, kill_group, signal_name
+from .hosts import Blacklist, DiscoveryError, HostWatch, free_slots, parse_hosts
 
 PROG = "ringtrain-run"
 DISCOVERY_PERIOD_S = 1.0
-STOP_GRACE_S = 5.0
-LOCAL_HOSTS = ("localhost", "127.0.0.1", socket.gethostname())
 
 
 class ElasticJobError(RuntimeError):
     pass
 
 
-@dataclasses.dataclass(eq=False)
-class Worker:
-    id: str
-    host: str
-    slot: int
-    process: subprocess.Popen
-    started_at: float
-    conn: socket.socket = None
-    reader: LineReader = None
-    ready_at: float = None          # asked for a world and has not got one yet
-    rank: int = None                # in the current world
-    generation: int = None          # the world it belongs to
-    gone: bool = False              # dead or finished (process ended or connection lost)
-    exiting: bool = False           # said it is leaving normally (its connection closing is then no death)
-    status: str = ""
-
-    def label(self):
-        return f"{self.host}[{self.slot}]"
-
-
 def _say(text):
     os.write(sys.stderr.fileno(), f"{PROG}: {text}\n".encode())     # one write: workers share this stream
-
-
-def is_local(host):
-    return host in LOCAL_HOSTS or host.startswith("127.")
 
 
 class ElasticDriver:
@@ -76,18 +52,15 @@ class ElasticDriver:
                  cooldown_range=None, formation_timeout_s=120.0):
         if not hosts and not discovery_script:
             hosts = f"localhost:{num_ranks}"
-        self.command, self.env, self.mpiexec = list(command), dict(env), mpiexec
         self.num_ranks = num_ranks
         self.min_np = min_np if min_np is not None else num_ranks
         self.max_np = max_np
-        self.static_hosts = parse_hosts(hosts, slots) if hosts else None
-        self.discovery_script, self.slots = discovery_script, slots
+        self.hosts = HostWatch(parse_hosts(hosts, slots) if hosts else None, discovery_script, slots,
+                               DISCOVERY_PERIOD_S)
         self.reset_limit = reset_limit
         self.elastic_timeout_s = elastic_timeout_s
         self.formation_timeout_s = formation_timeout_s
         self.blacklist = Blacklist(cooldown_range)
-        self.available = dict(self.static_hosts or {})
-        self.next_discovery = 0.0
         self.workers = []
         self.world = []                 # the current world's workers, by rank
         self.generation = 0
@@ -98,12 +71,12 @@ class ElasticDriver:
         self.below_min_since = None
         self.update_seq = 0
         self.announced = set()          # newcomers already announced to the current world
-        self.counter = 0
-        self.selector = selectors.DefaultSelector()
-        self.server = socket.create_server(("", 0))
-        self.server.setblocking(False)
-        self.selector.register(self.server, selectors.EVENT_READ, None)
-        self.port = self.server.getsockname()[1]
+        self.channel = DriverChannel()
+        self.processes = WorkerProcesses(command, env, mpiexec, self.channel.port)
+
+    @property
+    def available(self):
+        return self.hosts.available
 
     # ------------------------------------------------------------------------------------------------ main loop
     def run(self):
@@ -129,19 +102,40 @@ class ElasticDriver:
 
     # ------------------------------------------------------------------------------------------------ hosts
     def _discover(self, now, required=False):
-        if self.discovery_script is None or now < self.next_discovery:
-            return
-        self.next_discovery = now + DISCOVERY_PERIOD_S
         try:
-            found = run_discovery(self.discovery_script, self.slots)
+            found = self.hosts.poll(now)
         except DiscoveryError as error:
             if required:
-                raise ElasticJobError(str(error)) from None
+                raise ElasticJobError(f"{error}; no host list to start the job with") from None
             _say(f"{error}; keeping the last host list")
+            return
+        if found is None:
             return
         if found != self.available:
             _say(f"hosts available: {', '.join(f'{h}:{s}' for h, s in found.items()) or 'none'}")
-        self.available = found
+        self.hosts.available = found
+        self._remove_outside(found)
+
+    def _remove_outside(self, found):
+        """Workers whose slot is no longer offered leave: those in the world at its next step boundary (the world
+        hears hosts_updated with removed=True; the next world is formed without them and they are told to leave),
+        the others at once."""
+        outside = [w for w in self.workers if not w.gone and not w.removed and w.slot >= found.get(w.host, 0)]
+        in_world = [w for w in outside if w in self.world and self.forming is None]
+        for worker in outside:
+            worker.removed = True
+            if worker not in in_world:
+                worker.status, worker.gone = "stopped: its host was removed", True
+                self._drop_connection(worker)
+                kill_group(worker.process, signal.SIGTERM)
+        if in_world:
+            _say(f"host slot(s) removed: {', '.join(w.label() for w in in_world)} leave world {self.generation} "
+                 f"at its next step boundary")
+            self.update_seq += 1
+            for member in self.world:
+                if not member.gone:
+                    self._send(member, "hosts_updated", seq=self.update_seq, generation=self.generation,
+                               added=False, removed=True)
 
     def _capacity(self):
         """How many workers the job wants alive now."""
@@ -162,76 +156,19 @@ class ElasticDriver:
             self._start(host, slot, now)
 
     def _start(self, host, slot, now):
-        self.counter += 1
-        worker_id = f"{host}[{slot}]#{self.counter}"
-        env = dict(self.env)
-        # UCX's cross-memory-attach transport (pip's MPICH uses it for large messages between processes of one
-        # machine) kills the process reading from a peer that died mid-message ("process_vm_readv ... No such
-        # process"), survivor included: measured here, 2 runs in 6 at 2 workers with 7.6 MB of gradients
-        env.setdefault("UCX_TLS", "^cma")
-        # MPICH's ucx module crashes a survivor that sends to a worker that just died (a segmentation fault inside
-        # MPI_Isend: after the failed send it writes to the request it never created), and a send can leave before
-        # the driver's word of the death arrives; its ofi module returns an error. Measured here: ofi's allreduces
-        # are faster between the separately started processes of an elastic world; ofi moves data only inside MPI
-        # calls, so the engine's waits probe MPI in elastic worlds (CoordinatorAgreement.progress).
-        env.setdefault("MPIR_CVAR_CH4_NETMOD", "ofi")
-        env.update({DRIVER_VARIABLE: f"{'127.0.0.1' if is_local(host) else _address()}:{self.port}",
-                    WORKER_VARIABLE: worker_id, HOST_VARIABLE: host, SLOT_VARIABLE: str(slot),
-                    "RINGTRAIN_ELASTIC": "1",
-                    "HOROVOD_HOSTNAME": host, "HOROVOD_LOCAL_RANK": str(slot)})
-        cmd = [self.mpiexec, "-n", "1"] + ([] if is_local(host) else ["-hosts", host]) + self.command
-        process = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=die_with_parent)
-        self.workers.append(Worker(worker_id, host, slot, process, now))
+        self.workers.append(self.processes.start(host, slot, now))
 
     def _poll(self, timeout):
-        for key, _ in self.selector.select(timeout):
-            if key.data is None:
-                self._accept()
-                continue
-            worker = key.data
-            try:
-                data = worker.conn.recv(65536)
-            except OSError:
-                data = b""
-            if not data:
-                if worker.exiting:      # a normal exit: its process status tells how it ended (_reap)
-                    self._drop_connection(worker)
-                else:
-                    self._lost(worker, "lost its connection to the driver (died)")
-                continue
-            for message in worker.reader.feed(data):
+        for worker, message in self.channel.poll(timeout, self.workers):
+            if message is not None:
                 self._on_message(worker, message)
-
-    def _accept(self):
-        try:
-            conn, _ = self.server.accept()
-        except BlockingIOError:
-            return
-        conn.setblocking(True)
-        conn.settimeout(10)
-        line = b""
-        while not line.endswith(b"\n"):
-            chunk = conn.recv(4096)
-            if not chunk:
-                conn.close()
-                return
-            line += chunk
-        reader = LineReader()
-        hello, *more = reader.feed(line)          # what the worker sent right after its hello may be here too
-        worker = next((w for w in self.workers if w.id == hello.get("worker") and not w.gone), None)
-        if worker is None:
-            conn.close()
-            return
-        conn.settimeout(None)
-        worker.conn, worker.reader = conn, reader
-        self.selector.register(conn, selectors.EVENT_READ, worker)
-        for message in more:
-            self._on_message(worker, message)
+            elif worker.exiting:            # a normal exit: its process status tells how it ended (_reap)
+                self._drop_connection(worker)
+            else:
+                self._lost(worker, "lost its connection to the driver (died)")
 
     def _send(self, worker, op, **fields):
-        try:
-            worker.conn.sendall(encode(op, **fields))
-        except (OSError, AttributeError):
+        if not self.channel.send(worker, op, **fields):
             self._lost(worker, "the driver could not reach it")
 
     def _on_message(self, worker, message):
@@ -266,7 +203,7 @@ class ElasticDriver:
                 self._ended(worker, code)
 
     def _ended(self, worker, code):
-        how = (f"was killed by signal {_signal_name(-code)}" if code < 0 else f"exited with code {code}")
+        how = (f"was killed by signal {signal_name(-code)}" if code < 0 else f"exited with code {code}")
         if code == 0:
             worker.gone, worker.status = True, "finished"
             self._drop_connection(worker)
@@ -284,7 +221,7 @@ class ElasticDriver:
         worker.gone, worker.status = True, how
         self._drop_connection(worker)
         if worker.process.poll() is None:
-            _kill_group(worker.process, signal.SIGKILL)
+            kill_group(worker.process, signal.SIGKILL)
         if self.finishing and worker.generation is None:
             return          # stopped by us: not a failure
         now = time.monotonic()
@@ -305,13 +242,7 @@ class ElasticDriver:
                            reason=f"worker {worker.label()} (rank {worker.rank}) {how}")
 
     def _drop_connection(self, worker):
-        if worker.conn is not None:
-            try:
-                self.selector.unregister(worker.conn)
-            except (KeyError, ValueError):
-                pass
-            worker.conn.close()
-            worker.conn = None
+        self.channel.drop(worker)
 
     # ------------------------------------------------------------------------------------------------ worlds
     def _maybe_form(self, now):
@@ -325,6 +256,10 @@ class ElasticDriver:
         if self.generation == 0 and any(not w.gone and w.ready_at is None for w in self.workers):
             return                                  # the first world waits for every worker started for it
         newcomers = [w for w in self.workers if not w.gone and w.ready_at is not None and w not in members]
+        for worker in [w for w in members if w.removed]:
+            self._send(worker, "leave", reason=f"its slot {worker.label()} is no longer in the host list")
+            worker.status, worker.generation, worker.rank = "left: its host was removed", None, None
+        members = [w for w in members if not w.removed]
         planned = sorted(members, key=lambda w: w.rank) + newcomers
         if self.max_np is not None:
             planned = planned[:self.max_np]
@@ -353,7 +288,7 @@ class ElasticDriver:
     def _more_workers_possible(self):
         """False when waiting for --elastic-timeout cannot help: no discovery script to name new hosts, no worker
         still starting, and every known host blacklisted for good or without a free slot."""
-        if self.discovery_script is not None:
+        if self.hosts.script is not None:
             return True
         if any(not w.gone and w.ready_at is None for w in self.workers):
             return True
@@ -413,7 +348,7 @@ class ElasticDriver:
                 worker.status = "stopped: the job finished without it"
                 worker.gone = True
                 self._drop_connection(worker)
-                _kill_group(worker.process, signal.SIGTERM)
+                kill_group(worker.process, signal.SIGTERM)
 
     def _final_status(self):
         failed = [w for w in self.world if w.status != "finished"]
@@ -422,35 +357,5 @@ class ElasticDriver:
         return 1 if failed else 0
 
     def _stop_all(self):
-        running = [w for w in self.workers if w.process.poll() is None]
-        for worker in running:
-            _kill_group(worker.process, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        for worker in running:
-            try:
-                worker.process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _kill_group(worker.process, signal.SIGKILL)
-                worker.process.wait()
-        self.server.close()
-
-
-def _kill_group(process, signum):
-    try:
-        os.killpg(process.pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _signal_name(signum):
-    try:
-        return f"{signal.Signals(signum).name} ({signum})"
-    except ValueError:
-        return f"signal {signum}"
-
-
-def _address():
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
+        self.processes.stop_all(self.workers)
+        self.channel.close()

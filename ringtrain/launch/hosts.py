@@ -39,7 +39,11 @@ def run_discovery(script, default_slots, timeout_s=10.0):
     if done.returncode != 0:
         raise DiscoveryError(f"host discovery script {script!r} exited with code {done.returncode}: "
                              f"{done.stderr.strip()[-500:]}")
-    return parse_hosts(done.stdout, default_slots, where=f"host discovery script {script!r}")
+    hosts = parse_hosts(done.stdout, default_slots, where=f"host discovery script {script!r}")
+    if not hosts:
+        raise DiscoveryError(f"host discovery script {script!r} printed no host (taken for a failure: a job with no "
+                             f"host could not go on anyway)")
+    return hosts
 
 
 class Blacklist:
@@ -72,3 +76,20 @@ def free_slots(available, used, blacklist, now):
     """[(host, slot)] that a new worker may take: slots of hosts not blacklisted and not held by a live worker."""
     return [(host, slot) for host, slots in available.items() if not blacklist.blocked(host, now)
             for slot in range(slots) if (host, slot) not in used]
+
+
+class HostWatch:
+    """The hosts an elastic job may use: a fixed list, or what its discovery script prints, asked at most every
+    `period_s` seconds. poll() returns the list when one was asked for (raising DiscoveryError when the script
+    failed), None when it is not time yet or the list is fixed."""
+
+    def __init__(self, static_hosts, script, slots, period_s=1.0):
+        self.available = dict(static_hosts or {})
+        self.script, self.slots, self.period_s = script, slots, period_s
+        self.next_poll = 0.0
+
+    def poll(self, now):
+        if self.script is None or now < self.next_poll:
+            return None
+        self.next_poll = now + self.period_s
+        return run_discovery(self.script, self.slots)

@@ -8,6 +8,7 @@ worker -> driver   {"op": "hello", "worker": id, "pid": pid}     first line
                    {"op": "joined"}                                this worker connected and merged
                    {"op": "exiting"}                               a normal interpreter exit (atexit)
 driver -> worker   {"op": "world", "rank": r, "size": n, "generation": g}    your place in the next world
+                   {"op": "leave", "reason": text}                 instead of a world: your slot left the host list
                    {"op": "connect", "port": name}                 connect now (one joiner at a time)
                    {"op": "peer_failed", "generation": g, "reason": text}    end your waits on world g
                    {"op": "hosts_updated", "seq": k, "generation": g, "added": bool,

@@ -58,8 +58,12 @@ class DriverClient:
         threading.Thread(target=self._read, name="ringtrain-elastic-driver", daemon=True).start()
 
     def send(self, op, **fields):
-        with self._send_lock:
-            self.sock.sendall(encode(op, **fields))
+        try:
+            with self._send_lock:
+                self.sock.sendall(encode(op, **fields))
+        except OSError as error:
+            raise ElasticError(f"worker {self.worker_id}: the elastic driver went away (the launcher ended or "
+                               f"died): {error}") from None
 
     def _read(self):
         reader = LineReader()
@@ -85,13 +89,17 @@ class DriverClient:
                 else:
                     self.replies.put(message)
 
-    def expect(self, op, timeout_s):
+    def expect(self, op, timeout_s, also=()):
+        """The driver's next reply, which must be `op` (or one of `also`)."""
         try:
             message = self.replies.get(timeout=timeout_s)
         except queue.Empty:
             raise ElasticError(f"worker {self.worker_id}: the elastic driver sent no {op!r} within "
                                f"{timeout_s:g} s") from None
-        if message["op"] != op:
+        if message["op"] == "closed":
+            raise ElasticError(f"worker {self.worker_id}: the elastic driver went away (the launcher ended or "
+                               f"died) while this worker waited for its {op!r}")
+        if message["op"] != op and message["op"] not in also:
             raise ElasticError(f"worker {self.worker_id}: expected {op!r} from the elastic driver, got {message}")
         return message
 
@@ -118,7 +126,11 @@ def elastic_world(timeout_s):
     from .dynamic import accept_one, grow, merge
     driver = client()
     driver.send("ready")
-    plan = driver.expect("world", timeout_s=None)
+    plan = driver.expect("world", timeout_s=None, also=("leave",))
+    if plan["op"] == "leave":               # scale-down: this worker's slot left the host list
+        sys.stderr.write(f"ringtrain: worker {driver.worker_id} leaves the job: {plan['reason']}\n")
+        sys.stderr.flush()
+        sys.exit(0)
     rank, size = plan["rank"], plan["size"]
     if rank == 0:
         port = MPI.Open_port()

@@ -16,6 +16,8 @@ Environment: KILL_RANK=r KILL_STEP=s KILL_AT=where: in the first world, rank r S
   after_step after optimizer.step() returned, before the step is recorded
   timer:t    t seconds into the step (a thread), wherever the step is then
 JOIN=1: a worker started later (after the blacklist cooldown) must join; the smaller world waits for the news of it.
+SHRINK_HOSTS_FILE=f SHRINK_STEP=s: after step s of the first world rank 0 writes one slot fewer into the discovery
+file f, and the world waits for the news: the last slot's worker must leave at the next step boundary.
 Lines: "rank r: GPU slot=s device_of_2=d" at start, "rank r: REDEALT n steps=k size=w" each time train() starts
 (n: samples a step of the last world was dealt that no completed step consumed, dealt again now; k: the steps
 completed so far; w: the world's size), "rank r: FINAL size=n digest=d" on every rank (d: of its parameters and optimizer state); rank 0 also prints "rank 0: REFERENCE <json>".
@@ -119,19 +121,26 @@ def report_redealt():
     say(f"REDEALT {len(redealt)} steps={len(state.history)} size={hvd.size()}")
 
 
-def wait_for_news_of_the_joiner():
-    """JOIN=1, in the world the failure left: wait (up to 60 s) until the driver announced the new worker (only the
-    pace changes: the next step boundaries then agree to let it in)."""
+def wait_for_news(batch):
+    """JOIN=1, in the world the failure left; SHRINK_HOSTS_FILE=f, in the first world from step SHRINK_STEP (rank 0
+    then writes one slot fewer into f): wait (up to 60 s) until the driver announced the change (only the pace
+    changes: the next step boundary then acts on it)."""
     driver = elastic_worker.client()
-    if os.environ.get("JOIN") != "1" or hvd.size() >= state.first_size or joiner_heard:
+    joining = os.environ.get("JOIN") == "1" and hvd.size() < state.first_size
+    shrinking = os.environ.get("SHRINK_HOSTS_FILE") and in_first_world() and batch >= int(os.environ["SHRINK_STEP"])
+    if not (joining or shrinking) or heard:
         return
+    if shrinking and hvd.rank() == 0:
+        with open(os.environ["SHRINK_HOSTS_FILE"] + ".new", "w") as f:
+            f.write(f"localhost:{state.first_size - 1}\n")
+        os.replace(os.environ["SHRINK_HOSTS_FILE"] + ".new", os.environ["SHRINK_HOSTS_FILE"])   # whole or not
     deadline = time.monotonic() + 60
     while driver.host_updates.empty() and time.monotonic() < deadline:
         time.sleep(0.02)
-    joiner_heard.append(True)
+    heard.append(True)
 
 
-joiner_heard = []
+heard = []
 
 
 @hvd.elastic.run(rollback=ROLLBACK)
@@ -154,7 +163,7 @@ def train(state):
             kill_here("after_step", batch)
             state.history = state.history + [[hvd.size(), shards]]
             state.sampler.record_batch(batch, BATCH)
-            wait_for_news_of_the_joiner()
+            wait_for_news(batch)
             time.sleep(0.01)
             if ROLLBACK and len(state.history) % COMMIT_EVERY == 0:
                 state.commit()
