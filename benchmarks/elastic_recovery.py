@@ -1,16 +1,19 @@
 """Recovery time of an elastic job: from a worker's SIGKILL to the first completed step of the new world.
 
     python benchmarks/elastic_recovery.py --workers 2 3 4 --repeats 5 --json out.json
+    python benchmarks/elastic_recovery.py --mode rollback ...      # Horovod's roll-back, a commit every step
 
-For each N, `ringtrain-run -np N --min-np N-1` trains an MLP (784-1024-1024-10, 1.9 M parameters, Adam, a commit
-every step); in its 10th step the last rank SIGKILLs itself. The survivors' rank 0 reports four phases (wall clock,
+For each N, `ringtrain-run -np N --min-np N-1` trains an MLP (784-1024-1024-10, 1.9 M parameters, Adam); in its
+10th step the last rank SIGKILLs itself. --mode lossless (the default): no commit, the survivors go on from the
+furthest step; rollback: hvd.elastic.run(rollback=True) with a commit every step. The survivors' rank 0 reports four phases (wall clock,
 one machine):
   detection     SIGKILL -> the survivor's collective raised (the driver saw the worker's connection close and
                 told the survivors, whose waits end at once)
-  re-formation  -> the new world is up: roll back to the commit, abandon the dead world, the driver's rendezvous
+  re-formation  -> the new world is up: (rollback: roll back to the commit), abandon the dead world, the driver's rendezvous
                 (Open_port / Connect / Accept + Merge), ringtrain.init on it (topology, transports, engine) and
                 the reset callbacks
-  state sync    -> sync(): rank 0's parameters, optimizer state and object state broadcast, the sampler record
+  state sync    -> sync(): (lossless: the step counts allgathered) the source rank's parameters, optimizer state
+                and object state broadcast
   first step    -> the first training step of the new world completed (its allreduces included)
 The table gives the median over the jobs that recovered, the total's min and max, and how many of --repeats jobs
 did not recover (within --job-timeout seconds). Workers use one thread each.
@@ -50,7 +53,9 @@ def worker():
     state = hvd.elastic.TorchState(model, optimizer, step=0, first_size=hvd.size())
     x, y = torch.randn(32, 784), torch.randint(0, 10, (32,))
 
-    @hvd.elastic.run
+    rollback = os.environ.get("RECOVERY_MODE") == "rollback"
+
+    @hvd.elastic.run(rollback=rollback)
     def train(state):
         recovered = "error" in runner.last_recovery
         while state.step < STEPS:
@@ -65,13 +70,14 @@ def worker():
                 print("RECOVERY " + json.dumps(times), flush=True)
                 recovered = False
             state.step += 1
-            state.commit()
+            if rollback:
+                state.commit()
 
     train(state)
 
 
-def one_job(n, timeout_s):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+def one_job(n, timeout_s, mode):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", RECOVERY_MODE=mode)
     cmd = [sys.executable, "-m", "ringtrain.launch.run", "-np", str(n), "--min-np", str(n - 1),
            sys.executable, os.path.abspath(__file__), "--worker"]
     try:
@@ -98,6 +104,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json")
     parser.add_argument("--job-timeout", type=int, default=60, help="a job not done by then counts as failed")
+    parser.add_argument("--mode", choices=("lossless", "rollback"), default="lossless")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -107,7 +114,7 @@ def main():
              f"{'total_s':>8} {'min_s':>6} {'max_s':>6} {'failed':>6}  (median of the jobs that recovered)"
     print(header, flush=True)
     for n in args.workers:
-        runs = [one_job(n, timeout_s=args.job_timeout) for _ in range(args.repeats)]
+        runs = [one_job(n, args.job_timeout, args.mode) for _ in range(args.repeats)]
         failed = sum(r is None for r in runs)
         runs = [r for r in runs if r is not None]
         if not runs:
@@ -121,7 +128,7 @@ def main():
               f"{failed:>6}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"workers": results, "kill_step": KILL_STEP, "machine_cores": os.cpu_count(),
+            json.dump({"workers": results, "kill_step": KILL_STEP, "mode": args.mode, "machine_cores": os.cpu_count(),
                        "date": time.strftime("%Y-%m-%d")}, f, indent=1)
 
 

@@ -5,9 +5,11 @@
 
 Every job runs the same three loops on N workers (one thread each) and rank 0 times each iteration after a
 warm-up: `model`, a training step of an MLP (784-1024-1024-10, 1.9 M parameters, Adam, batch 32: 7.6 MB of
-gradients); `model+commit`, that step and the work of an elastic state's commit() in an elastic job (a copy of the
-model and optimizer state, then an allgather_object asking whether workers came or went), as an elastic training
-loop does every step, in every launch alike; `allgather_obj`, that allgather alone; `4KB` and `1MB`, one synchronous
+gradients), the DistributedOptimizer's step as a job without an elastic state runs it; `model+lossless`, the step
+through the TorchState's wrapper (lossless mode: the step counted, then, in an elastic job, the 3-integer
+allgather of what each rank heard about added or removed workers); `model+commit`, the plain step and the work of
+commit() in roll-back mode (a copy of the model and optimizer state, then an allgather_object asking whether
+workers came or went), as a Horovod-style loop does every step, in every launch alike; `allgather_obj`, that allgather alone; `4KB` and `1MB`, one synchronous
 allreduce of that size; `1MB bcast`, a broadcast from rank 0. The launches:
 
   plain             ringtrain-run -np N: one MPI job (shared memory between the ranks)
@@ -38,7 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import machine_info, write_json  # noqa: E402
 from elastic_recovery import mlp  # noqa: E402
 
-LOOPS = ("model", "model+commit", "allgather_obj", "4KB", "1MB", "1MB bcast")
+LOOPS = ("model", "model+lossless", "model+commit", "allgather_obj", "4KB", "1MB", "1MB bcast")
 LOOP_FLOATS = {"4KB": 1024, "1MB": 1 << 18, "1MB bcast": 1 << 18}
 LAUNCHES = ("plain", "elastic", "join")
 OPTIONS = ("ofi", "drive", "no-drive")
@@ -73,8 +75,11 @@ def worker(steps, warmup, drive):
             if loop.startswith("model"):
                 optimizer.zero_grad()
                 torch.nn.functional.cross_entropy(model(x), y).backward()
-                optimizer.step()
-                if loop == "model+commit":      # what an elastic state's commit() does in an elastic job
+                if loop == "model+lossless":    # the step as the state wraps it: counted, host check after it
+                    optimizer.step()
+                else:                           # the DistributedOptimizer's own step, as a job without a state
+                    type(optimizer).step(optimizer)
+                if loop == "model+commit":      # what commit() does in roll-back mode (Horovod's) every step
                     state.save()
                     hvd.allgather_object((rank, i))
             elif loop == "allgather_obj":

@@ -79,29 +79,62 @@ def check_against_replay(job, optimizer_name):
     return history
 
 
-@pytest.mark.parametrize("workers,optimizer_name", [(3, "sgd"), (4, "adam")])
-def test_lossless_kill_at_a_random_moment_equals_the_replay_of_what_was_trained(tmp_path, workers, optimizer_name):
-    """No commit(): a killed worker costs at most the step in flight (the first world's completed steps are all in
-    the final trajectory), the samples no completed step consumed are dealt again (reported), and a worker that
-    joins afterwards (the host's cooldown over) takes the whole state: parameters, optimizer state and steps."""
+def test_lossless_kill_at_a_random_moment_equals_the_replay_of_what_was_trained(tmp_path):
+    """3 workers, SGD with momentum, no commit(): a killed worker costs at most the step in flight (the first
+    world's completed steps are all in the final trajectory), the samples no completed step consumed are dealt
+    again (reported), and a worker that joins afterwards (the host's cooldown over) takes the whole state:
+    parameters, optimizer state and steps. The discovery script fails once and prints garbage once meanwhile."""
+    workers = 3
     seed, rank, step, point = draw(workers)
     print(f"draw: RINGTRAIN_TEST_SEED={seed}: rank {rank} killed in step {step} at {point}")
+    # the discovery script fails on its 3rd call and prints garbage on its 4th: the driver keeps the last host list
+    calls = tmp_path / "calls"
     script = tmp_path / "discover.sh"
-    script.write_text(f"#!/bin/sh\necho localhost:{workers}\n")
+    script.write_text(f"#!/bin/sh\necho x >> {calls}\nn=$(wc -l < {calls})\n"
+                      f"if [ $n -eq 3 ]; then echo boom >&2; exit 3; fi\n"
+                      f"if [ $n -eq 4 ]; then echo 'not a host line'; exit 0; fi\n"
+                      f"echo localhost:{workers}\n")
     script.chmod(0o755)
     job = run_elastic("-np", str(workers), "--min-np", str(workers - 1), "--max-np", str(workers),
                       "--host-discovery-script", str(script), "--blacklist-cooldown-range", "1", "1",
-                      script="train_lossless.py", OPTIMIZER=optimizer_name, KILL_RANK=rank, KILL_STEP=step,
+                      script="train_lossless.py", OPTIMIZER="sgd", KILL_RANK=rank, KILL_STEP=step,
                       KILL_AT=point, JOIN=1)
     assert job.returncode == 0, job
     assert f"rank {rank}: KILLED" in job.output, job
     assert f"world 2: {workers - 1} workers" in job.output, job
     assert re.search(rf"world 3: {workers} workers; joined: localhost\[{rank}\]", job.output), job
-    history = check_against_replay(job, optimizer_name)
+    assert re.search(r"discover\.sh' exited with code 3: boom; keeping the last host list", job.output), job
+    assert re.search(r"'not a host line' is not 'hostname' or 'hostname:slots'; keeping the last host list",
+                     job.output), job
+    history = check_against_replay(job, "sgd")
+    check_lossless(job, history, workers, step, point, redealt_in=workers - 1)
+
+
+def test_lossless_two_deaths_at_once_then_one_during_the_sync(tmp_path):
+    """4 workers, Adam, no commit(): two workers SIGKILLed at the same random moment of a random step, then, in
+    the world of the 2 survivors, one of them dies half way through the sync (after the parameters were handed
+    over, before the optimizer state): the last one goes on from a whole state and ends equal to the replay."""
+    workers = 4
+    seed, rank, step, point = draw(workers)
+    pair = (rank, (rank + 1) % workers)
+    print(f"draw: RINGTRAIN_TEST_SEED={seed}: ranks {pair} killed in step {step} at {point}")
+    job = run_elastic("-np", str(workers), "--min-np", "1", script="train_lossless.py", OPTIMIZER="adam",
+                      KILL_RANK=f"{pair[0]},{pair[1]}", KILL_STEP=step, KILL_AT=point, SYNC_KILL=1)
+    assert job.returncode == 0, job
+    assert all(f"rank {r}: KILLED at" in job.output for r in pair), job
+    assert "world 2: 2 workers" in job.output and "world 3: 1 workers" in job.output, job
+    assert re.search(r"^rank \d: KILLED in sync", job.output, re.M), job
+    history = check_against_replay(job, "adam")
+    check_lossless(job, history, workers, step, point, redealt_in=1)
+
+
+def check_lossless(job, history, workers, step, point, redealt_in):
+    """No completed step lost; the samples dealt again (reported by the first world of size `redealt_in` to
+    start training) at most one step's worth."""
     first_world_steps = next(i for i, (size, _) in enumerate(history) if size != workers)
     assert first_world_steps >= step, f"steps before the one in flight were lost: {first_world_steps} < {step}"
-    counts = _redealt(job, workers - 1)
-    assert len(counts) == workers - 1 and len(set(counts)) == 1, job   # each survivor reports once, alike
+    counts = _redealt(job, redealt_in)
+    assert len(set(counts)) == 1, job                                   # every rank of that world saw the same
     count = counts[0]
     print(f"re-dealt samples: {count} (first world completed {first_world_steps} steps; killed in step {step})")
     assert count <= workers * 2, job                                    # at most the step in flight
@@ -111,7 +144,7 @@ def test_lossless_kill_at_a_random_moment_equals_the_replay_of_what_was_trained(
 
 def _redealt(job, size):
     """The re-dealt counts the ranks of the first world of `size` reported as it started."""
-    return [int(n) for n in re.findall(rf"^rank \d+: REDEALT (\d+) steps=\d+ size={size}$", job.output, re.M)]
+    return [int(n) for n in re.findall(rf"^rank \d+: REDEALT (\d+) steps=\d+ size={size}$", job.output, re.M)][:size]
 
 
 def test_rollback_mode_with_commits_equals_the_replay_of_the_committed_steps():
@@ -152,3 +185,58 @@ def test_scale_down_a_removed_slots_worker_leaves_at_a_step_boundary_and_nothing
     first_world_steps = next(i for i, (size, _) in enumerate(history) if size != 3)
     assert first_world_steps >= 3, job                                  # steps 0-2 kept: nothing rolled back
     assert _redealt(job, 2) == [6, 6], job                              # the step that raised the interrupt
+
+
+def test_a_discovery_script_failing_at_the_start_ends_the_job_naming_it(tmp_path):
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho 'no inventory' >&2\nexit 2\n")
+    script.chmod(0o755)
+    job = run_elastic("-np", "2", "--min-np", "2", "--host-discovery-script", str(script), script="train_lossless.py")
+    assert job.returncode != 0, job
+    assert re.search(r"elastic job failed: host discovery script '.*discover\.sh' exited with code 2: no inventory; "
+                     r"no host list to start the job with", job.output), job
+    assert "world 1" not in job.output and job.seconds < 30, job
+
+
+def test_when_the_driver_dies_every_worker_ends_with_a_clear_error(tmp_path):
+    """SIGKILL the launcher mid-training: no worker is left running (each sees its driver connection close, its
+    waits end, and it leaves naming the driver), within seconds."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from elastic_jobs import REPO
+    worker_script = tmp_path / "orphan_check_job.py"         # a unique path to find the workers by
+    worker_script.write_text((SCRIPTS / "train_lossless.py").read_text())
+    environ = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", STEP_SLEEP="0.5",
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])))
+    out_path = tmp_path / "out"
+    with open(out_path, "w") as out:
+        launcher = subprocess.Popen([sys.executable, "-m", "ringtrain.launch.run", "-np", "2", "--min-np", "2",
+                                     sys.executable, str(worker_script)], cwd=REPO, env=environ, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+    def workers():
+        return workers_running(worker_script)
+
+    deadline = time.monotonic() + 90
+    try:
+        while "REDEALT 0" not in out_path.read_text():
+            assert time.monotonic() < deadline and launcher.poll() is None, out_path.read_text()
+            time.sleep(0.1)
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait()
+        end = time.monotonic() + 30
+        while workers():
+            assert time.monotonic() < end, f"workers still running 30 s after the driver died:\n{out_path.read_text()}"
+            time.sleep(0.2)
+    finally:
+        for pid in workers():                       # this test's own workers, by id
+            os.kill(pid, signal.SIGKILL)
+    print(out_path.read_text())
+
+
+def workers_running(path):
+    import subprocess
+    found = subprocess.run(["pgrep", "-f", str(path)], capture_output=True, text=True).stdout.split()
+    return [int(pid) for pid in found]

@@ -55,7 +55,9 @@ def run(func=None, *, rollback=False):
                 if not skip_sync:
                     state.sync()
                 last_recovery["synced"] = time.time()
-                return func(state, *args, **kwargs)
+                result = func(state, *args, **kwargs)
+                state.drop_held()       # a decision of the last step must not raise outside this function
+                return result
             except ElasticError:
                 raise
             except HorovodInternalError as error:

@@ -86,6 +86,10 @@ class State:
         if not self.rollback:
             self._host_check.step_done()
 
+    def drop_held(self):
+        """Forget what the step-boundary check holds (training ended before the next boundary)."""
+        self._host_check.reset()
+
     def step_begins(self):
         """Call where a step begins (the bindings' states do): raises what the step-boundary check decided."""
         self._host_check.boundary()

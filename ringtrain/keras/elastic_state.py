@@ -8,9 +8,12 @@
     def train(state):
         model.fit(dataset, steps_per_epoch=steps, initial_epoch=state.epoch, epochs=epochs, callbacks=callbacks)
 
-commit() keeps a copy of every model and optimizer variable (tf.identity, in memory); restore() assigns them back;
-sync() builds the optimizer where it is not built yet (a worker that just joined has not stepped) and broadcasts
-rank 0's model and optimizer variables and the other attributes, then commits.
+Lossless mode (the default): sync() hands over the model and optimizer variables and the other attributes of the
+rank whose optimizer applied the most steps (its `iterations`), so a failure costs at most the batch in flight;
+commit() copies nothing and is where the ranks check for workers that joined (CommitStateCallback). Roll-back mode
+(`hvd.elastic.run(rollback=True)`, Horovod's): commit() keeps a copy of every model and optimizer variable
+(tf.identity, in memory); restore() assigns them back; sync() broadcasts rank 0's and commits. Either way sync()
+first builds the optimizer where it is not built yet (a worker that just joined has not stepped).
 """
 import functools
 

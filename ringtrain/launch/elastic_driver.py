@@ -177,7 +177,8 @@ class ElasticDriver:
             worker.exiting = True
         elif op == "ready":
             worker.ready_at = time.monotonic()
-            if worker.generation is None and self.world and self.forming is None and not self.finishing:
+            if (worker.generation is None and not worker.removed and self.world and self.forming is None
+                    and not self.finishing):
                 self._announce(worker)
         elif op == "port" and self.forming is not None:
             self.forming["port"] = message["port"]
@@ -255,10 +256,12 @@ class ElasticDriver:
             return                                  # the current world is still running
         if self.generation == 0 and any(not w.gone and w.ready_at is None for w in self.workers):
             return                                  # the first world waits for every worker started for it
-        newcomers = [w for w in self.workers if not w.gone and w.ready_at is not None and w not in members]
+        newcomers = [w for w in self.workers
+                     if not w.gone and not w.removed and w.ready_at is not None and w not in members]
         for worker in [w for w in members if w.removed]:
             self._send(worker, "leave", reason=f"its slot {worker.label()} is no longer in the host list")
             worker.status, worker.generation, worker.rank = "left: its host was removed", None, None
+            worker.ready_at = None
         members = [w for w in members if not w.removed]
         planned = sorted(members, key=lambda w: w.rank) + newcomers
         if self.max_np is not None:
@@ -329,7 +332,7 @@ class ElasticDriver:
         self.world = self.forming["members"]
         self.forming = None
         for worker in self.workers:       # anyone who became ready meanwhile is news for the new world
-            if not worker.gone and worker.ready_at is not None and worker.generation is None:
+            if not worker.gone and not worker.removed and worker.ready_at is not None and worker.generation is None:
                 self._announce(worker)
 
     def _advance_formation(self, now):

@@ -9,12 +9,14 @@ trains every sample exactly once.
 
 Lossless mode (the default) has no commit() here at all. ROLLBACK=1 runs Horovod's roll-back mode with a commit
 every COMMIT_EVERY steps.
-Environment: KILL_RANK=r KILL_STEP=s KILL_AT=where: in the first world, rank r SIGKILLs itself in step s --
+Environment: KILL_RANK=r[,r2...] KILL_STEP=s KILL_AT=where: in the first world, rank r (each listed) SIGKILLs
+itself in step s --
   before     as the step begins
   backward   after its backward pass (its gradients may be on their way)
   in_step    inside optimizer.step(), before its gradients are reduced
   after_step after optimizer.step() returned, before the step is recorded
   timer:t    t seconds into the step (a thread), wherever the step is then
+SYNC_KILL=1: in the second world, its last rank dies half way through sync() (die_during_the_second_sync).
 JOIN=1: a worker started later (after the blacklist cooldown) must join; the smaller world waits for the news of it.
 SHRINK_HOSTS_FILE=f SHRINK_STEP=s: after step s of the first world rank 0 writes one slot fewer into the discovery
 file f, and the world waits for the news: the last slot's worker must leave at the next step boundary.
@@ -100,8 +102,13 @@ def in_first_world():
     return elastic_worker.client().generation == 1
 
 
+def doomed():
+    """KILL_RANK=r or r,s,...: the ranks of the first world that die."""
+    return str(hvd.rank()) in os.environ.get("KILL_RANK", "").split(",")
+
+
 def kill_here(where, batch):
-    if where == KILL_AT and batch == KILL_STEP and in_first_world() and str(hvd.rank()) == os.environ.get("KILL_RANK"):
+    if where == KILL_AT and batch == KILL_STEP and in_first_world() and doomed():
         die()
 
 
@@ -111,6 +118,27 @@ def in_step_kill(opt, args, kwargs):
 
 current = {"batch": -1}
 optimizer.register_step_pre_hook(in_step_kill)
+
+
+def die_during_the_second_sync():
+    """SYNC_KILL=1: in the second world, its last rank other than the source dies inside sync(), once the sampler's
+    record and the parameters were handed over and before the optimizer state is: the others' sync breaks half
+    way."""
+    inner = state.sync_from
+
+    def sync_from(root):
+        victim = hvd.size() - 1 if root != hvd.size() - 1 else hvd.size() - 2
+        if elastic_worker.client().generation == 2 and hvd.rank() == victim:
+            for handler in list(state._handlers.values())[:2]:      # the sampler's record and the parameters
+                handler.sync(root)
+            say(f"KILLED in sync at {time.time():.3f}")
+            os.kill(os.getpid(), 9)
+        inner(root)
+    state.sync_from = sync_from
+
+
+if os.environ.get("SYNC_KILL") == "1":
+    die_during_the_second_sync()
 
 
 def report_redealt():
@@ -152,8 +180,7 @@ def train(state):
             current["batch"] = batch
             shards = [shard[batch * BATCH:(batch + 1) * BATCH] for shard in state.sampler._shards()]
             attempted.update(i for shard in shards for i in shard)
-            if in_first_world() and KILL_AT.startswith("timer:") and batch == KILL_STEP and \
-                    str(hvd.rank()) == os.environ.get("KILL_RANK"):
+            if in_first_world() and KILL_AT.startswith("timer:") and batch == KILL_STEP and doomed():
                 threading.Timer(float(KILL_AT.split(":")[1]), die).start()
             kill_here("before", batch)
             optimizer.zero_grad()
@@ -164,7 +191,7 @@ def train(state):
             state.history = state.history + [[hvd.size(), shards]]
             state.sampler.record_batch(batch, BATCH)
             wait_for_news(batch)
-            time.sleep(0.01)
+            time.sleep(float(os.environ.get("STEP_SLEEP", "0.01")))
             if ROLLBACK and len(state.history) % COMMIT_EVERY == 0:
                 state.commit()
         state.epoch += 1
