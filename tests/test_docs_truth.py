@@ -272,7 +272,7 @@ def test_fixture_names_are_checked_in_the_module_the_page_imports():
 def test_fixture_a_not_supported_row_naming_something_that_exists_fails():
     pytest.importorskip("tensorflow", reason="tensorflow is missing: the [tensorflow] extra is not installed")
     table = ("| horovod.tensorflow (.keras) | ringtrain.tensorflow (.keras) | how it differs |\n| --- | --- | --- |\n"
-             "| `LocalGradientAggregationHelper`, `keras.elastic` | not supported | |\n")
+             "| `LocalGradientAggregationHelperEager`, `keras.elastic` | not supported | |\n")
     assert dc.porting_contradictions(table) == [
         "`keras.elastic` is marked 'not supported' but ringtrain.keras.elastic exists"]
     table = ("| horovod.torch | ringtrain.torch | how it differs |\n| --- | --- | --- |\n"
@@ -284,8 +284,8 @@ def test_fixture_a_not_supported_row_naming_something_that_exists_fails():
 def test_fixture_a_sentence_claiming_tensorflow_has_a_missing_name_fails():
     pytest.importorskip("tensorflow", reason="tensorflow is missing: the [tensorflow] extra is not installed")
     wrong = ("`ringtrain.tensorflow` and `ringtrain.keras` keep Horovod's names (`DistributedGradientTape`, "
-             "`LocalGradientAggregationHelper`, `broadcast_variables`).")
-    assert any("ringtrain.tensorflow keeps `LocalGradientAggregationHelper`" in m
+             "`LocalGradientAggregationHelperEager`, `broadcast_variables`).")
+    assert any("ringtrain.tensorflow keeps `LocalGradientAggregationHelperEager`" in m
                for m in dc.module_sentence_contradictions(wrong))
     right = "`ringtrain.keras` keeps Horovod's names (`DistributedOptimizer`, `broadcast_variables`)."
     assert dc.module_sentence_contradictions(right) == []
@@ -360,8 +360,8 @@ def test_fixture_lab_log():
 def test_fixture_keeps_names_with_a_colon():
     pytest.importorskip("tensorflow", reason="tensorflow is missing: the [tensorflow] extra is not installed")
     wrong = ("`ringtrain.tensorflow` and `ringtrain.keras` keep Horovod's names: `DistributedGradientTape`, "
-             "`LocalGradientAggregationHelper`, `broadcast_variables`.")
-    assert any("ringtrain.tensorflow keeps `LocalGradientAggregationHelper`" in m
+             "`LocalGradientAggregationHelperEager`, `broadcast_variables`.")
+    assert any("ringtrain.tensorflow keeps `LocalGradientAggregationHelperEager`" in m
                for m in dc.module_sentence_contradictions(wrong))
 
 

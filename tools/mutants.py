@@ -1298,6 +1298,18 @@ MUTANTS = [
            (Tests(("tests/parallel_tf/test_tf_collectives.py",), ranks=2,
                   select="allreduce_every_dtype and bfloat16"),),
            "bfloat16 tensors are read as float16: every reduction of them is garbage"),
+    Mutant("tf_elastic_state_sync_skips_the_optimizer", "ringtrain/tensorflow/elastic.py",
+           "        return self.variables + _optimizer_variables(self.optimizer)\n",
+           "        return self.variables\n",
+           (Tests(("tests/parallel_tf/test_tf_elastic_state.py",), ranks=2, select="lossless"),),
+           "TensorFlowState(optimizer=) hands over the variables but not the optimizer's (momentum, iterations): "
+           "after a re-form the ranks step on with different momenta and step counts"),
+    Mutant("tf_gradient_aggregation_applies_every_call", "ringtrain/tensorflow/gradient_aggregation.py",
+           "        return tf.cond(tf.equal(self.counter, 0), apply, count_only)\n",
+           "        return tf.cond(tf.constant(True), apply, count_only)\n",
+           (Tests(("tests/parallel_tf/test_tf_horovod_names.py",), ranks=2, select="aggregation"),),
+           "LocalGradientAggregationHelper applies the optimizer on every call, also with the unreduced local "
+           "gradients of the passes in between"),
 ]
 
 

@@ -15,80 +15,8 @@ commit() copies nothing and is where the ranks check for workers that joined (Co
 (tf.identity, in memory); restore() assigns them back; sync() broadcasts rank 0's and commits. Either way sync()
 first builds the optimizer where it is not built yet (a worker that just joined has not stepped).
 """
-import functools
-
-import tensorflow as tf
-
-from ..core import state as core_state
 from .callbacks import _RingtrainCallback
-from ..tensorflow.functions import broadcast_variables
-from ..elastic import runner
-from ..errors import HorovodInternalError
-from ..elastic.state import ObjectState
-
-
-def run(func=None, *, rollback=False):
-    """hvd.elastic.run for TensorFlow/Keras: a collective that fails inside fit's traced step surfaces as a TensorFlow
-    error wrapping ringtrain's; once the world's engine has failed, that is a HorovodInternalError (re-form)."""
-    if func is None:
-        return functools.partial(run, rollback=rollback)
-
-    @functools.wraps(func)
-    def converting(state, *args, **kwargs):
-        try:
-            return func(state, *args, **kwargs)
-        except tf.errors.OpError as error:
-            if core_state.is_initialized() and core_state.engine().failed is not None:
-                raise HorovodInternalError(f"a collective failed inside a TensorFlow graph: {error.message}") \
-                    from error
-            raise
-    return runner.run(converting, rollback=rollback)
-
-
-class TensorFlowKerasState(ObjectState):
-    def __init__(self, model, optimizer=None, backend=None, **kwargs):
-        self.model = model
-        self.optimizer = optimizer if optimizer is not None else model.optimizer
-        self._saved_variables = None
-        super().__init__(**kwargs)
-        self._save_variables()
-
-    def _variables(self):
-        optimizer = list(self.optimizer.variables) if self.optimizer is not None else []
-        return list(self.model.variables) + optimizer
-
-    def _save_variables(self):
-        self._saved_variables = [tf.identity(v) for v in self._variables()]
-
-    def save(self):
-        self._save_variables()
-        super().save()
-
-    def restore(self):
-        variables = self._variables()
-        if len(variables) != len(self._saved_variables):
-            raise RuntimeError(f"KerasState.restore: the model and optimizer hold {len(variables)} variables, the "
-                               f"commit {len(self._saved_variables)} (was the optimizer built after the commit?)")
-        for variable, saved in zip(variables, self._saved_variables):
-            variable.assign(saved)
-        super().restore()
-
-    def steps_completed(self):
-        """The optimizer's own count of applied steps (0 before it is built)."""
-        if self.optimizer is None or not self.optimizer.built:
-            return 0
-        return int(self.optimizer.iterations.numpy())
-
-    def sync_from(self, root):
-        if self.optimizer is not None and not self.optimizer.built:
-            self.optimizer.build(self.model.trainable_variables)
-        broadcast_variables(self._variables(), root_rank=root, prefix="elastic.keras_state")
-        super().sync_from(root)
-
-    def sync(self):
-        super().sync()
-        if self.rollback:
-            self.save()
+from ..tensorflow.elastic import TensorFlowKerasState, run  # noqa: F401  -- Horovod's keras.elastic names
 
 
 KerasState = TensorFlowKerasState

@@ -31,7 +31,9 @@ from .functions import (  # noqa: F401
     process_set_included_op, rank, rank_op, reducescatter, remove_process_set, rocm_built, shutdown, size, size_op,
     start_timeline, stop_timeline,
 )
+from . import elastic  # noqa: F401  -- hvd.elastic
 from . import mpi_ops  # noqa: F401  -- horovod.tensorflow.mpi_ops
+from .gradient_aggregation import LocalGradientAggregationHelper  # noqa: F401
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape  # noqa: F401
 from .optimizer import DistributedOptimizer  # noqa: F401
 from .sync_batch_norm import SyncBatchNormalization  # noqa: F401

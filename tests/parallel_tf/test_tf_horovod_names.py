@@ -155,3 +155,70 @@ def test_indexed_slices_with_another_op_is_not_implemented_as_in_horovod():
         hvd.allreduce(slices, op=hvd.Max, name="names.slices.max")
     summed = hvd.allreduce(slices, op=hvd.Sum, name="names.slices.sum")
     assert summed.values.shape[0] == 2 * hvd.size()
+
+
+def _aggregation_reference(n, passes, average, calls):
+    """Numpy: per call k, rank r's gradients shared = (r+1)(k+1) arange(4), local = (r+1+k) ones(2). Returns per call
+    (reduced shared, reduced local of this rank or None when the call does not reduce) and the variables after
+    each call under SGD(lr=1), applied only on reducing calls."""
+    shared, local = np.zeros(4), np.zeros(2)
+    out = []
+    sums_s, sums_l = np.zeros(4), np.zeros(2)
+    r = hvd.rank()
+    for k in range(calls):
+        sums_s += np.mean([(q + 1) * (k + 1) * np.arange(4) for q in range(n)], axis=0)
+        sums_l += (r + 1 + k) * np.ones(2)
+        if (k + 1) % passes == 0:
+            g_s, g_l = sums_s / (passes if average else 1), sums_l / n / (passes if average else 1)
+            shared, local = shared - g_s, local - g_l
+            sums_s, sums_l = np.zeros(4), np.zeros(2)
+            out.append((g_s, g_l, shared.copy(), local.copy()))
+        else:
+            out.append((None, None, shared.copy(), local.copy()))
+    return out
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("traced", [False, True])
+@pytest.mark.parametrize("average", [False, True])
+def test_local_gradient_aggregation_helper_reduces_every_nth_call(average, traced):
+    n, r, passes, calls = hvd.size(), hvd.rank(), 3, 7
+    shared, unused, local = (tf.Variable(np.zeros(4, np.float32)), tf.Variable(1.0),
+                             tf.Variable(np.zeros(2, np.float32)))
+    variables = [shared, unused, local]
+    optimizer = keras.optimizers.SGD(learning_rate=1.0)
+    reduced_names = []
+
+    def allreduce(grads, vars):
+        reduced_names.append([v.name for v in vars])
+        return [hvd.allreduce(g, op=hvd.Average, name=f"agg.{i}") for i, g in enumerate(grads)]
+
+    helper = hvd.LocalGradientAggregationHelper(
+        passes, allreduce, sparse_as_dense=True, average_aggregated_gradients=average, rank=r,
+        optimizer_type=hvd.LocalGradientAggregationHelper._OPTIMIZER_TYPE_KERAS)
+    helper.register_local_var(local)
+
+    def step(g_shared, g_local):
+        grads = helper.compute_gradients([g_shared, None, g_local], variables)
+        pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
+        applied = helper.apply_gradients(lambda: optimizer.apply_gradients(pairs), optimizer, pairs)
+        return grads[0], grads[1], grads[2], applied
+    if traced:
+        step = tf.function(step)
+    for k, (want_s, want_l, after_s, after_l) in enumerate(_aggregation_reference(n, passes, average, calls)):
+        g_s = tf.constant((r + 1) * (k + 1) * np.arange(4, dtype=np.float32))
+        g_l = tf.constant((r + 1 + k) * np.ones(2, np.float32))
+        got_s, got_none, got_l, applied = step(g_s, g_l)
+        assert got_none is None and bool(applied) == (want_s is not None), k
+        np.testing.assert_allclose(got_s.numpy(), g_s.numpy() if want_s is None else want_s, rtol=1e-6)
+        np.testing.assert_allclose(got_l.numpy(), g_l.numpy() if want_l is None else want_l, rtol=1e-6)
+        np.testing.assert_allclose(shared.numpy(), after_s, rtol=1e-6)
+        np.testing.assert_allclose(local.numpy(), after_l, rtol=1e-6)
+    assert int(optimizer.iterations.numpy()) == calls and unused.numpy() == 1.0
+    if not traced:
+        assert reduced_names == [[shared.name]] * (calls // passes)      # the local variable is never reduced
+    with pytest.raises(ValueError, match="sparse_as_dense"):
+        hvd.LocalGradientAggregationHelper(2, allreduce, False, False).compute_gradients(
+            [tf.IndexedSlices(tf.ones([1, 2]), tf.constant([0]), tf.constant([3, 2]))], [tf.Variable(tf.zeros([3, 2]))])
+    with pytest.raises(ValueError, match="backward_passes_per_step"):
+        hvd.LocalGradientAggregationHelper(0, allreduce, False, False)
