@@ -417,8 +417,8 @@ MUTANTS = [
            "an eager allreduce publishes its slot without its data: every rank reduces what the slot held before"),
     # ---- what a job is doing: straggler scores, flight recorder, metrics
     Mutant("straggler_blames_the_first_peer", "ringtrain/engine/stragglers.py",
-           "                if offered & ~exchange.bitmap(p, words):",
-           "                if True:",
+           "                    self.add_wait(self.blame, self.wait_start, end)",
+           "                    self.add_wait(self.exchange.peers[0], self.wait_start, end)",
            (Tests((OBSERVE,), ranks=3),),
            "a rank that waits blames its first peer, not the one that lacks what it offered"),
     Mutant("express_allreduces_never_counted", "ringtrain/engine/engine.py",

@@ -255,7 +255,7 @@ class CycleAgreement(CoordinatorAgreement):
             exchange.waited = None
         if offered and self.stragglers is not None and (waited is not None or flags or ready != offered
                                                         or self.stragglers.waiting):
-            self.stragglers.after_cycle(offered, ready, flags, waited, words)
+            self.stragglers.after_cycle(c, offered, ready, flags, waited, words)
         return c, flags, ready
 
     def _eager_fits(self, array):

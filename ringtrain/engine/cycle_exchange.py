@@ -11,6 +11,7 @@ snapshot. Two ways to move the slots, one interface:
   eager_everywhere(cid, nbytes)       did every rank publish that eager allreduce in cycle c?
   waited                              (peer, start) when the last gather had to wait: the peer it waited for last
                                       and when it began waiting (perf_counter); None when everyone was there
+  leader                              (cycle, peer) when this rank followed a peer into that cycle
   add_wait(peer, seconds), wait_rows()   this rank's running total of how long it waited for each rank, kept in its
                                       slots (both parities), and every rank's totals as they last arrived here
   close()
@@ -98,6 +99,7 @@ class _Exchange:
         self.waited = None                      # see gather(): (peer, start) when it had to wait
         self._last = None                       # the peer found missing at the latest poll of a wait
         self._want = 0                          # the cycle a wait is for
+        self.leader = None                      # (cycle, peer): the peer seen in that cycle before we entered it
 
     def _views(self, buffers):
         return [tuple(_SlotViews(b, self._max_words, self.size) for b in pair) for pair in buffers]
@@ -196,6 +198,7 @@ class WindowExchange(_Exchange):
     def entered_by_peer(self, cycle):
         for p in self.peers:
             if self._published[p][0] > cycle:
+                self.leader = (cycle + 1, p)
                 return True
         return False
 
@@ -273,6 +276,7 @@ class MessageExchange(_Exchange):
             return False
         for p in self.peers:
             if self._arrived(p):
+                self.leader = (cycle + 1, p)
                 return True
         return False
 

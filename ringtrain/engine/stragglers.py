@@ -37,33 +37,45 @@ class Stragglers:
         self.waiting = False                   # what we offered in the last cycle did not all run
         self.wait_start = None                 # perf_counter time we began waiting, or None
         self.blame = None                      # the peer we wait for
+        self.lacking = ()                      # the peers that lacked our ids in the last cycle that could not run them
 
     # ---- the agreement's side (progress lock held) ------------------------------------------------------
-    def after_cycle(self, offered, ready, flags, waited, words):
-        """A cycle in which this rank offered the ids `offered` and `ready` turned out ready everywhere, called
+    def after_cycle(self, c, offered, ready, flags, waited, words):
+        """Cycle c, in which this rank offered the ids `offered` and `ready` turned out ready everywhere; called
         only when something is to be learnt: the gather waited (`waited`: (peer, start)), a flag sent everything to
         the coordinator, a peer lacked some of our ids, or we were already waiting."""
         if waited is not None and self.wait_start is None:
             self.wait_start, self.blame = waited[1], waited[0]
         if flags:                    # everything goes to the coordinator: no cycle's wait to measure
-            self.wait_start = self.blame = None
-            self.waiting = False
-        elif ready != offered:       # a peer lacks some of what we offered: we wait for it (the last one found
-            exchange = self.exchange     # lacking is the one we end up waiting for)
-            for p in exchange.peers:
-                if offered & ~exchange.bitmap(p, words):
-                    self.blame = p
-                    break
+            self._reset()
+        elif ready != offered:       # peers lack some of what we offered: we wait for them
+            exchange = self.exchange
+            lacking = [p for p in exchange.peers if offered & ~exchange.bitmap(p, words)]
+            if lacking:
+                self.lacking, self.blame = lacking, lacking[0]
             if self.wait_start is None:
                 self.wait_start = time.perf_counter()
             self.waiting = True
-        else:                        # everything we offered runs now: the wait was for `blame`
-            if self.wait_start is not None and self.blame is not None:
+        else:                        # everything we offered runs now: the wait was for the last of the lacking
+            if self.wait_start is not None:
+                lacking = self.lacking
+                if len(lacking) > 1:
+                    # several lacked it in the last cycle that could not run it: the one whose arrival started
+                    # this cycle came last (we followed it in), else the one this cycle's gather waited for
+                    leader = self.exchange.leader
+                    if leader is not None and leader[0] == c and leader[1] in lacking:
+                        self.blame = leader[1]
+                    elif waited is not None and waited[0] in lacking:
+                        self.blame = waited[0]
                 end = time.perf_counter()
-                if end - self.wait_start >= WAIT_FLOOR_S:
+                if self.blame is not None and end - self.wait_start >= WAIT_FLOOR_S:
                     self.add_wait(self.blame, self.wait_start, end)
-            self.wait_start = self.blame = None
-            self.waiting = False
+            self._reset()
+
+    def _reset(self):
+        self.wait_start = self.blame = None
+        self.lacking = ()
+        self.waiting = False
 
     def add_wait(self, peer, start, end):
         """This rank waited for `peer` from `start` to `end` (perf_counter seconds)."""

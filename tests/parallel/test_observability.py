@@ -104,5 +104,8 @@ def test_a_late_rank_is_named_and_a_balanced_job_names_nobody(monkeypatch):
         events = load_events(os.path.join(directory, f"trace.rank{rt.rank()}.json"))
         waits = [e for e in events if e.get("ph") == "X" and e["name"].startswith("waiting for rank")]
         assert waits, f"rank {rt.rank()}: no wait marks in its trace"
-        assert {e["args"]["late rank"] for e in waits} == {late}, json.dumps(waits[:3])
-        assert max(e["dur"] for e in waits) > 10e3          # microseconds: the late rank's 20 ms shows
+        on_late = sum(e["dur"] for e in waits if e["args"]["late rank"] == late)
+        # the late rank holds (nearly) all of the waiting; a peer's scheduling hiccup may add a short mark
+        assert on_late >= 0.75 * sum(e["dur"] for e in waits), json.dumps(waits)
+        longest = max(waits, key=lambda e: e["dur"])
+        assert longest["name"] == f"waiting for rank {late}" and longest["dur"] > 10e3, json.dumps(waits)
