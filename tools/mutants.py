@@ -1310,6 +1310,23 @@ MUTANTS = [
            (Tests(("tests/parallel_tf/test_tf_horovod_names.py",), ranks=2, select="aggregation"),),
            "LocalGradientAggregationHelper applies the optimizer on every call, also with the unreduced local "
            "gradients of the passes in between"),
+    # the last three modules: TF's sparse Average, the TF2 optimizer's hand-over, JAX's compression round trip
+    Mutant("tf_indexed_slices_average_not_divided", "ringtrain/tensorflow/functions.py",
+           "    if op == Average:\n        values = values / tf.cast(process_set.size(), values.dtype)\n",
+           "    if False:\n        values = values / tf.cast(process_set.size(), values.dtype)\n",
+           (Tests(("tests/parallel_tf/test_tf_collectives.py",), ranks=2, select="indexed_slices_are_gathered"),),
+           "an Average of tf.IndexedSlices returns the gathered sum: sparse gradients N times too large"),
+    Mutant("tf_distributed_optimizer_takes_tf1_optimizers", "ringtrain/tensorflow/optimizer.py",
+           "    if isinstance(optimizer, tf.compat.v1.train.Optimizer):\n",
+           "    if False:\n",
+           (Tests(("tests/parallel_tf/test_tf_horovod_names.py",), ranks=2,
+                  select="hands_keras_optimizers_to_the_keras_binding"),),
+           "a TF1 optimizer goes to the Keras binding and fails there with an unrelated error"),
+    Mutant("jax_allreduce_returns_the_compressed_dtype", "ringtrain/jax/allreduce.py",
+           "    return compression.decompress(reduced, ctx) if compression is not None else reduced\n",
+           "    return reduced\n",
+           (Tests(("tests/parallel_jax/test_jax_collectives.py",), ranks=2, select="compressed_allreduce"),),
+           "allreduce(compression=fp16) hands back float16 arrays instead of the caller's dtype"),
 ]
 
 
@@ -1338,10 +1355,7 @@ WITHOUT_MUTANT = {
     "ringtrain/transports/nccl.py": "GPU only", "ringtrain/transports/staged.py": "GPU only",
 }
 # Modules with logic that still lack a planted bug: the next ones to plant. The list may only shrink.
-NOT_YET = [
-    "ringtrain/jax/allreduce.py", "ringtrain/tensorflow/functions.py",
-    "ringtrain/tensorflow/optimizer.py",
-]
+NOT_YET = []
 
 def copy_repo(destination):
     shutil.copytree(REPO, destination, ignore=COPY_IGNORE, symlinks=True)

@@ -110,6 +110,18 @@ def test_reducescatter_every_dtype(mode, dtype):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("compression", ["fp16", "bf16"])
+def test_compressed_allreduce_comes_back_in_the_callers_dtype(mode, compression):
+    """compression casts for the wire only: the result has the input's dtype, and 16-bit-exact inputs sum exactly."""
+    r, n = hvd.rank(), hvd.size()
+    got = run(mode, lambda t: hvd.allreduce(t, op=hvd.Sum, compression=getattr(hvd.Compression, compression)),
+              jnp.asarray(rank_array(r, np.float32)))
+    assert got.dtype == jnp.float32
+    check(got, functools.reduce(np.add, everyone(np.float32)))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode", MODES)
 def test_grouped_forms_on_pytrees_of_mixed_dtypes(mode):
     r, n = hvd.rank(), hvd.size()
     tree = {"w": rank_array(r, np.float32), "b": rank_array(r, np.int32, rows=1), "c": rank_array(r, np.uint32)}
