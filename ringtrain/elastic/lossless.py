@@ -9,9 +9,8 @@ alike on every rank. So once the next world has formed, the survivors compare ho
 (`source_rank`, one allgather), and everyone takes the state of the lowest rank that completed the most; the
 sampler's record travels with it, so the samples of the step that did not complete anywhere are dealt again.
 
-HostCheck: agreeing, at step boundaries and without a step waiting for it, that the driver reported workers added
-or removed. After step k every rank starts an allgather of what it has heard (3 integers); after step k+1 it reads
-the result -- the same on every rank -- and the next boundary (where a step begins, or a commit) raises
+HostCheck: agreeing, at step boundaries, that the driver reported workers added or removed. After each step every
+rank allgathers what it has heard (3 integers); the next boundary (where a step begins, or a commit) raises
 HostsUpdatedInterrupt on every rank alike. A collective error met there is held for that boundary too, so a step
 that completed is never reported as failed.
 """
@@ -58,32 +57,25 @@ class HostCheck:
     def __init__(self):
         self.seen = -1                  # the newest update sequence number acted on
         self._held = None               # what boundary() raises next
-        self._handle = None             # the allgather started after the previous step
 
     def reset(self):
-        self._held, self._handle = None, None
+        self._held = None
 
     def step_done(self):
-        """After an optimizer step: read the check started after the previous step, start the next. Never raises
-        (the step is done; its record must follow it): what it decides, or the collective error it met, waits for
-        boundary()."""
+        """After an optimizer step: agree on what the ranks heard (one small allreduce). Never raises (the step is
+        done; its record must follow it): what it decides, or the collective error it met, waits for boundary()."""
         if not worker.enabled() or not core_state.is_initialized() or self._held is not None:
             return
         try:
-            if self._handle is not None:
-                handle, self._handle = self._handle, None
-                self.decide(handle.wait().max(axis=0))
-            if self._held is None:
-                self._handle = collectives.allgather_async(np.array([heard_updates()], dtype=np.int64),
-                                                           name=HOST_CHECK_NAME)
-                collectives.poll(self._handle)      # hand it to the engine now: it runs during the next step
+            heard = collectives.allgather(np.array([heard_updates()], dtype=np.int64), name=HOST_CHECK_NAME)
+            self.decide(heard.max(axis=0))
         except HorovodInternalError as error:
             self._held = error
 
     def boundary(self):
         """Where a step begins (or at a commit): raise what the last check decided, on every rank alike."""
         if self._held is not None:
-            held, self._held, self._handle = self._held, None, None
+            held, self._held = self._held, None
             raise held
 
     def decide(self, heard):
