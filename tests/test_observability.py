@@ -78,6 +78,28 @@ def test_a_dump_holds_the_last_collectives_in_order(tmp_path):
     assert recorder.seq == 7 and recorder.entries()[-1]["name"] == "t6"
 
 
+def test_the_recorder_follows_a_handle_without_keeping_its_result(tmp_path):
+    """A recorded request's entry learns how its handle ended, and holds neither the handle nor its result: a
+    result the caller dropped is freed (the ring would otherwise keep `capacity` results alive)."""
+    import gc
+    import weakref
+    from ringtrain.engine.handle import Handle
+    recorder = FlightRecorder(8, rank=0, size=2, directory=str(tmp_path))
+    meta = Meta("allreduce", "float32", (1 << 20,), op=1)
+    done, failed, running = Handle(["a"]), Handle(["b"]), Handle(["c"])
+    for name, handle in (("a", done), ("b", failed), ("c", running)):
+        recorder.begin(name, meta, handle.times["submitted"], handle)
+    result = np.ones(1 << 20, np.float32)
+    done._set_result(result)
+    failed._set_error(RuntimeError("planted"))
+    states = {e["name"]: (e["state"], e["error"]) for e in recorder.entries()}
+    assert states == {"a": ("completed", None), "b": ("failed", "RuntimeError: planted"), "c": ("submitted", None)}
+    freed = weakref.ref(result)
+    del result, done
+    gc.collect()
+    assert freed() is None, "the flight recorder keeps a finished collective's result alive"
+
+
 # ---- real jobs -----------------------------------------------------------------------------------------------
 def _env(**extra):
     env = dict(os.environ, RINGTRAIN_STALL_WARNING_S="1", RINGTRAIN_STALL_TIMEOUT_S="2", OMP_NUM_THREADS="1",

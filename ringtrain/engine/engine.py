@@ -36,7 +36,8 @@ from .model import Collective, Failed, JoinDone, Shutdown, Warn, express_eligibl
 from ..errors import RankFailureError, ShutdownError, StallError
 from .executor import Executor
 from .failure import DEAD_PEER_EXIT_GRACE_S, FailedIn, arm_hard_exit, pass_failure
-from .flight_recorder import ERROR, FINISHED, HANDLE
+from . import flight_recorder
+from .flight_recorder import ERROR, FINISHED
 from .fusion import HOST_OPS
 from .handle import Handle
 from .intake import Intake
@@ -262,8 +263,7 @@ class Engine:
                     entry[FINISHED] = end
                 return True
             handle = self.requests[name].handle
-            if entry is not None:
-                entry[HANDLE] = handle
+            flight_recorder.attach(entry, handle)
             self._execute(outcome)
             return handle
         except BaseException as e:

@@ -3,7 +3,8 @@
 Every collective this rank's engine is handed gets a sequence number in program order (#1, #2, ...: the same
 collective has the same number on every rank of a healthy job) and an entry in a ring buffer: name, kind, op,
 shape, dtype, device, when it was submitted, started and finished, and how it ended. Recording is one small list
-per collective; the times of a request are read from its handle only when the buffer is written out.
+per collective; a request's entry shares its handle's time stamps and the handle writes how it ended into it
+(the entry never holds the handle, nor so its result).
 
 dump() writes the buffer as JSON (rank<r>.json in the job's directory) on a stall, a mismatch, a peer's death, a
 signal (SIGUSR1, when ringtrain installed its handler) or ringtrain.dump_flight_recorder(). ringtrain.doctor
@@ -25,7 +26,7 @@ MAX_REASONS = 8
 FILE_PREFIX = "rank"
 
 # entry fields (a list, so that finishing an express collective is one store)
-SEQ, NAME, META, SUBMITTED, HANDLE, FINISHED, ERROR = range(7)
+SEQ, NAME, META, SUBMITTED, TIMES, FINISHED, ERROR = range(7)    # TIMES: the handle's time stamps
 
 
 def default_dir(job):
@@ -51,7 +52,9 @@ class FlightRecorder:
         if not self.capacity:
             return None
         seq = self.seq = self.seq + 1
-        entry = self._ring[seq & self._mask] = [seq, name, meta, submitted, handle, None, None]
+        entry = self._ring[seq & self._mask] = [seq, name, meta, submitted, None, None, None]
+        if handle is not None:
+            attach(entry, handle)
         return entry
 
     def retract(self, entry):
@@ -99,15 +102,27 @@ class FlightRecorder:
         return path
 
 
+def attach(entry, handle):
+    """The entry follows `handle`: it keeps the handle's time stamps and the handle tells it how it ended
+    (finish_record). It holds no reference to the handle, whose result would otherwise outlive its use by as many
+    collectives as the ring holds (a 16 MB result then costs fresh pages on every call, and memory)."""
+    if entry is None:
+        return
+    entry[TIMES] = handle.times
+    if handle._done:
+        finish_record(entry, handle.times.get("finished"), handle._error)
+    else:
+        handle.record = entry
+
+
+def finish_record(entry, finished, error):
+    entry[FINISHED] = finished
+    entry[ERROR] = error
+
+
 def _describe(entry, offset):
-    seq, name, meta, submitted, handle, finished, error = entry
-    started = None
-    if handle is not None:
-        times = handle.times
-        started = times.get("started")
-        if handle._done:
-            finished = times.get("finished")
-            error = handle._error
+    seq, name, meta, submitted, times, finished, error = entry
+    started = None if times is None else times.get("started")
     if error is not None:
         state = "failed"
     elif finished is not None:

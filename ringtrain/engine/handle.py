@@ -7,12 +7,15 @@ busy with this rank's other collectives, wait() blocks in short slices so Ctrl-C
 import threading
 import time
 
+from .flight_recorder import finish_record
+
 
 class Handle:
     """The result of an asynchronous collective (`allreduce_async` and friends). `wait(timeout=None)` blocks until it
     finishes and returns its result, or raises its error; `poll()` says whether it has finished without blocking.
     `times` holds time.perf_counter() stamps: 'submitted', 'started' (its bucket entered the ring), 'finished'."""
-    __slots__ = ("names", "_done", "_event", "_result", "_error", "_done_event", "_driver", "_start", "times")
+    __slots__ = ("names", "_done", "_event", "_result", "_error", "_done_event", "_driver", "_start", "times",
+                 "record")
 
     def __init__(self, names, driver=None):
         self.names = names                  # tensor names this handle covers
@@ -24,6 +27,7 @@ class Handle:
         self._driver = driver               # engine.drive(handle, deadline): progress the engine until done
         self._start = None                  # set while the engine holds it back for a prompt wait (Engine.submit)
         self.times = {"submitted": time.perf_counter()}
+        self.record = None                  # its flight-recorder entry, told how it ended (flight_recorder.attach)
 
     # called by whoever runs the engine
     def _set_result(self, result, done_event=None):
@@ -38,6 +42,9 @@ class Handle:
 
     def _finish(self):
         self.times["finished"] = time.perf_counter()
+        if self.record is not None:
+            finish_record(self.record, self.times["finished"], self._error)
+            self.record = None
         # order matters (and the GIL keeps it): a waiter creates the event, then re-reads _done; we set _done,
         # then read the event -- so either the waiter sees _done or we see (and set) its event
         self._done = True
