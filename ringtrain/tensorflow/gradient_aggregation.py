@@ -24,6 +24,9 @@ from .functions import global_process_set
 
 
 class LocalGradientAggregationHelper:
+    """Aggregates gradients locally over `backward_passes_per_step` calls of compute_gradients() and allreduces the
+    sums once, on the last call of each period; apply_gradients() applies only after a call that reduced (the
+    module's docstring has the whole contract)."""
     _OPTIMIZER_TYPE_KERAS = "optimizer_type_keras"
     _OPTIMIZER_TYPE_LEGACY = "optimizer_type_legacy"
 
