@@ -479,6 +479,7 @@ def test_elastic_steps_quick(tmp_path):
         job = record["jobs"][0]
         assert job["elastic"] == job["drives_mpi"] == (launch == "elastic"), job    # the world init() made
         assert {loop: s["steps"] for loop, s in record["summary"].items()} == {
-            loop: 3 for loop in ("model", "model+commit", "allgather_obj", "4KB", "1MB", "1MB bcast")}, out
+            loop: 3 for loop in ("model", "model+lossless", "model+commit", "allgather_obj", "4KB", "1MB",
+                                 "1MB bcast")}, out
     rows = [line.split() for line in out.splitlines()[1:]]
-    assert len(rows) == 12 and all(row[-3:] == ["0", "0", "0"] for row in rows), out
+    assert len(rows) == 14 and all(row[-3:] == ["0", "0", "0"] for row in rows), out

@@ -15,6 +15,7 @@ import torch
 
 from ringtrain.core.process_sets import global_process_set
 from ringtrain.ops import Adasum
+from ringtrain.reducer.reducer import instance_prefix
 from ringtrain.reducer.wrapping import adopt, wrapper_class
 
 from .compression import Compression
@@ -24,6 +25,8 @@ from .functions import grouped_allreduce_async_
 class _AdasumState:
     def __init__(self, names, compression, passes, process_set):
         self.names, self.compression, self.passes, self.process_set = names, compression, passes, process_set
+        # one name per optimizer, the same on every rank that builds the same optimizers in the same order
+        self.name = instance_prefix("DistributedAdasumOptimizer", process_set) + ".deltas"
         self.counts = {}
         self.hooks = []
 
@@ -61,7 +64,7 @@ class _AdasumOptimizerMixin:
                 deltas.append(delta.contiguous())
                 contexts.append(ctx)
             if deltas and state.process_set.included() is not False:      # outside its set: a plain step
-                grouped_allreduce_async_(deltas, op=Adasum, name="DistributedOptimizer.adasum",
+                grouped_allreduce_async_(deltas, op=Adasum, name=state.name,
                                          process_set=state.process_set).wait()
             for p, start, delta, ctx in zip(params, starts, deltas, contexts):
                 p.copy_(start + state.compression.decompress(delta, ctx).to(p.dtype))
