@@ -31,6 +31,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB_TIMEOUT_S = 300
+KILLED = "(killed after %d s)"
 COPY_IGNORE = shutil.ignore_patterns(".git", ".venv", "venv", "__pycache__", "*.pyc", "build", "dist", "*.egg-info",
                                      ".pytest_cache", "results")
 
@@ -1418,7 +1419,7 @@ def run_tests(tests, root):
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
-        output += b"\n(killed after %d s)" % JOB_TIMEOUT_S
+        output += ("\n" + KILLED % JOB_TIMEOUT_S).encode()
         passed = False
     return passed, time.monotonic() - start, output.decode(errors="replace")[-3000:]
 
@@ -1445,7 +1446,10 @@ def run_mutant(mutant, verbose):
             if not passed:
                 if verbose:
                     print(output)
-                return "CAUGHT", f"by {tests.describe()}", total
+                # a job killed at JOB_TIMEOUT_S may be the mutant's hang or a loaded machine: say which it was
+                how = " (the job's timeout: rerun on a quiet machine to tell a hang from load)" \
+                    if output.endswith(KILLED % JOB_TIMEOUT_S) else ""
+                return "CAUGHT", f"by {tests.describe()}{how}", total
         return "SURVIVED", "no test failed: " + "; ".join(t.describe() for t in mutant.tests), total
 
 
