@@ -22,6 +22,7 @@ Forms (torch unless named):
 """
 import argparse
 import os
+import resource
 import sys
 import time
 
@@ -131,6 +132,7 @@ def main():
 
     times = {}             # (form, nbytes) -> [us per call, one per round]
     wrong = {}
+    faults = {}            # (form, nbytes) -> [page faults per call (minor, the most of any rank), one per round]
     for rnd in range(rounds):
         for nbytes in sizes:
             n_calls = calls.get(nbytes, max(2, int(3e8 // max(nbytes, 1) // 100)))
@@ -142,12 +144,15 @@ def main():
                 call(s)
                 bad = int(not np.allclose(np.asarray(result, np.float64), expected(nbytes), rtol=1e-5))
                 comm.Barrier()
+                faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                 t0 = time.perf_counter()
                 for _ in range(n_calls):
                     call(s)
                 elapsed = (time.perf_counter() - t0) / n_calls
+                faulted = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0) / n_calls
                 slowest = comm.allreduce(elapsed, op=MPI.MAX)
                 key = (form, 4 if form == "scalar" else nbytes)
+                faults.setdefault(key, []).append(comm.allreduce(faulted, op=MPI.MAX))
                 times.setdefault(key, []).append(slowest * 1e6)
                 wrong[key] = wrong.get(key, 0) + comm.allreduce(bad, op=MPI.SUM)
     if rank == 0:
@@ -156,19 +161,24 @@ def main():
         for (form, nbytes), values in times.items():
             base_bytes = sizes[0] if form == "scalar" else nbytes
             ratios = [v / m for v, m in zip(values, mpi[base_bytes])]
+            in_place = times.get(("in_place", nbytes))
             record = {"form": form, "ranks": size, "bytes": nbytes, "dtype": "float32", "op": "average",
                       "time_us": median(values), "rounds_us": values, "x_mpi": median(ratios),
-                      "wrong": wrong[(form, nbytes)]}
+                      "x_in_place": median([v / i for v, i in zip(values, in_place)]) if in_place else None,
+                      "faults_per_call": median(faults[(form, nbytes)]), "wrong": wrong[(form, nbytes)]}
             records.append(record)
         records.sort(key=lambda r: (r["bytes"] if r["form"] != "scalar" else sizes[0], list(forms).index(r["form"])))
         for r in records:
             rows.append([human_bytes(r["bytes"]), r["form"], f"{r['time_us']:.1f}",
                          f"{min(r['rounds_us']):.1f}", f"{max(r['rounds_us']):.1f}", f"{r['x_mpi']:.2f}",
-                         r["wrong"]])
+                         "-" if r["x_in_place"] is None else f"{r['x_in_place']:.2f}",
+                         f"{r['faults_per_call']:.0f}", r["wrong"]])
         title = (f"allreduce per call, {size} ranks, float32 Average, median of {rounds} interleaved rounds "
                  f"(slowest rank's mean per round); x_mpi: ratio to MPI_Allreduce of that size in the same round "
-                 f"(scalar: to MPI at {human_bytes(sizes[0])})")
-        text = format_table(["size", "form", "time_us", "min_us", "max_us", "x_mpi", "#wrong"], rows, title=title)
+                 f"(scalar: to MPI at {human_bytes(sizes[0])}); x_in_place: ratio to the in-place form of that size in the same "
+                 f"round; faults: minor page faults per call (median over rounds of the most of any rank)")
+        text = format_table(["size", "form", "time_us", "min_us", "max_us", "x_mpi", "x_in_place", "faults",
+                             "#wrong"], rows, title=title)
         load = os.getloadavg()
         text += f"\n# load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
         print(text, flush=True)
