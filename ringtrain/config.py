@@ -43,6 +43,8 @@ class Config:
     flight_recorder_dir: str = ""      # where ranks write their dumps ("": <tmp>/ringtrain-flight-recorder/<job>)
     metrics_port: int = 0              # serve OpenMetrics on this port + local rank (0: no endpoint)
     metrics_file: str = ""             # write OpenMetrics text here every few seconds ("{rank}" in it: per rank)
+    native: bool = True                # the express cycle's control plane in compiled code when it builds (a C
+                                       # compiler on first use); 0: the Python path (the same results)
 
     @classmethod
     def from_env(cls, **overrides):

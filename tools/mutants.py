@@ -77,6 +77,8 @@ OBSERVE = "tests/parallel/test_observability.py"
 OBSERVE_JOBS = "tests/test_observability.py"
 SHARDED = "tests/parallel/test_sharded_optimizer.py"
 ADASUM = "tests/parallel/test_adasum.py"
+NATIVE_CYCLE = "tests/test_native_cycle.py"
+NATIVE_CYCLE_JOB = "tests/parallel/test_native_cycle.py"
 
 BENCHMARKS = "tests/test_benchmarks.py"
 IMPORT_GRAPH = "tests/test_import_graph.py"
@@ -1124,6 +1126,34 @@ MUTANTS = [
            "            request, self.deferred",
            (Tests((API_FORMS,), ranks=2, select="never_waited"),),
            "a held-back async allreduce is never handed to the engine: only its own wait() runs it"),
+    Mutant("native_reduce_starts_from_its_own_rank", "csrc/express_cycle.c",
+           "        data[p] = (char *)slot + ctx->header_bytes;",
+           "        data[(p - rank + size) % size] = (char *)slot + ctx->header_bytes;",
+           (Tests((NATIVE_CYCLE,)),),
+           "the native cycle reduces the slots starting from its own: ranks add in different orders and their "
+           "float results differ in the last bits"),
+    Mutant("native_ignores_a_peers_flag", "csrc/express_cycle.c",
+           "        if (h[1] != 0 || !(b[word] & bit)",
+           "        if (!(b[word] & bit)",
+           (Tests((NATIVE_CYCLE,)),),
+           "the native cycle reduces even when a peer flagged the cycle (it wants the coordinator): that rank runs "
+           "a slow cycle while this one goes on"),
+    Mutant("native_reads_the_other_parity", "csrc/express_cycle.c",
+           "        const char *slot = ctx->slots[p][parity];",
+           "        const char *slot = ctx->slots[p][p == rank ? parity : parity ^ 1];",
+           (Tests((NATIVE_CYCLE,)),),
+           "the native cycle reads a peer's slot of the previous cycle: stale data reduced"),
+    Mutant("native_average_ignores_the_postscale", "ringtrain/engine/native_cycle.py",
+           "    return (code * 2 + 1, scale, 1)",
+           "    return (code * 2 + 1, 1.0 / size, 1)",
+           (Tests((NATIVE_CYCLE,)),),
+           "the native reduce scales by 1/N only: Average with a postscale (and a postscaled Sum) come out wrong"),
+    Mutant("native_done_keeps_the_old_cycle", "ringtrain/engine/agreement.py",
+           "        if outcome == native_cycle.DONE:\n            self._cycle = c\n",
+           "        if outcome == native_cycle.DONE:\n",
+           (Tests((NATIVE_CYCLE_JOB,), ranks=2, select="same_bits"),),
+           "a cycle the native call finished is not counted: the next cycle republishes its number and peers read "
+           "a stale snapshot"),
     Mutant("express_ignores_the_prescale", "ringtrain/engine/model.py",
            'return meta.kind == "allreduce" and meta.device == "cpu" and meta.scales[0] == 1.0',
            'return meta.kind == "allreduce" and meta.device == "cpu"',

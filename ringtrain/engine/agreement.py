@@ -41,7 +41,8 @@ from .cycle_exchange import MESSAGE_CYCLE_MAX_RANKS, MessageExchange, WindowExch
 from .model import Collective, Source, Warn, express_eligible
 from ..errors import StallError
 from .negotiation import SAME_EVERYWHERE, Coordinator, fuse_allreduces
-from ..ops import DTYPES
+from ..ops import DTYPES, result_scale
+from . import native_cycle
 from .response_cache import CacheView
 from ..transports.segments import Segments
 
@@ -183,6 +184,8 @@ class CycleAgreement(CoordinatorAgreement):
         self._eager = {}                 # id -> Request that may travel eagerly (small host allreduce)
         self._single_actions = {}        # id -> its Collective on the buffers (the same few recur every step)
         self._eager_actions = {}         # (id, slot parity) -> its Collective on the slots
+        self._native = exchange.native   # the express cycle in compiled code (native_cycle.py), or None
+        self._native_how = {}            # id -> how the native cycle reduces it (native_cycle.reduce_how)
         self._peers = exchange.peers
         self._eager_bytes = exchange.eager_bytes
         self.stragglers = None           # the engine's Stragglers (stragglers.py): who we wait for, and how long
@@ -241,10 +244,15 @@ class CycleAgreement(CoordinatorAgreement):
         exchange = self._exchange
         if self.rank == 0 and CoordinatorAgreement.owes(self):
             flags |= _COORDINATOR_BUSY
+        exchange.publish(c, flags, ready, self._words, eager)
+        exchange.gather(c)
+        return self._read_snapshot(c, flags, ready)
+
+    def _read_snapshot(self, c, flags, ready):
+        """After cycle c's gather: (c, every rank's flags OR-ed together, the ids ready on every rank)."""
+        exchange = self._exchange
         words = self._words
         offered = ready
-        exchange.publish(c, flags, ready, words, eager)
-        exchange.gather(c)
         self._cycle = c
         for p in self._peers:
             flags |= exchange.flags(p)
@@ -305,7 +313,13 @@ class CycleAgreement(CoordinatorAgreement):
             return None
         bit = 1 << cid
         eager = (cid, array) if self._eager_fits(array) else None
-        c, flags, ready = self._exchange_slots(0, bit, eager)
+        if eager is not None and self._native is not None and array.flags.c_contiguous and out.flags.c_contiguous:
+            c = self._native_cycle(cid, bit, array, out, meta)
+            if c is True:
+                return True
+            c, flags, ready = c
+        else:
+            c, flags, ready = self._exchange_slots(0, bit, eager)
         if not flags and ready:
             if self._touch is not None:
                 self._touch(cid)
@@ -317,6 +331,29 @@ class CycleAgreement(CoordinatorAgreement):
         self._ready = bit
         self._ready_since[cid] = time.monotonic()
         return self._slow_cycle(c) if flags else self._fast_actions(ready)
+
+    def _native_cycle(self, cid, bit, array, out, meta):
+        """The express cycle in one native call (native_cycle.py): True when it reduced the slots into `out`, else
+        (cycle, flags, ready) read from the snapshot exactly as _exchange_slots returns them."""
+        exchange = self._exchange
+        c = self._cycle + 1
+        flags = _COORDINATOR_BUSY if self.rank == 0 and CoordinatorAgreement.owes(self) else 0
+        how = self._native_how.get(cid, False)
+        if how is False:
+            how = self._native_how[cid] = native_cycle.reduce_how(
+                meta.dtype, meta.op, result_scale(meta.op, meta.scales[1], self.size), self.size)
+        start = time.perf_counter()
+        outcome = exchange.express(c, flags, cid, self._words, array, out, how)
+        if outcome == native_cycle.DONE:
+            self._cycle = c
+            if self._touch is not None:
+                self._touch(cid)
+            if self.stragglers is not None and self.stragglers.waiting:
+                self.stragglers.after_cycle(c, bit, bit, 0, None, self._words)
+            return True
+        if outcome == native_cycle.NOT_YET:
+            exchange.gather(c, start)
+        return self._read_snapshot(c, flags, bit)
 
     def _fast_actions(self, ready):
         """The ids ready on every rank, in id order: single actions first, then allreduces fused into buckets.
@@ -398,6 +435,7 @@ class CycleAgreement(CoordinatorAgreement):
         if changed:
             for cid in changed:
                 self._single_actions.pop(cid, None)
+                self._native_how.pop(cid, None)
                 self._eager_actions.pop((cid, 0), None)
                 self._eager_actions.pop((cid, 1), None)
             self._words = self.cache.highest // 64 + 1
@@ -458,7 +496,7 @@ def make_agreement(topology, control, config, watchdog, copy_in, shared=None):
     words = max(1, -(-capacity // 64))
     if topology.single_node:
         exchange = WindowExchange(topology.local, config, watchdog, words, window_eager_bytes(topology.size),
-                                  copy_in)
+                                  copy_in, native=config.native)
     elif topology.size <= MESSAGE_CYCLE_MAX_RANKS:
         exchange = MessageExchange(control.ctrl, config, watchdog, words, EAGER_BYTES, copy_in)
     else:

@@ -33,6 +33,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..errors import StallError
+from . import native_cycle
 
 _LINE = 64
 TAG_CYCLE = 13
@@ -84,6 +85,8 @@ def _read_bitmap(words_view, words):
 
 class _Exchange:
     """What both exchanges share: slot views per (rank, parity) and reading them."""
+
+    native = None                               # the compiled express cycle (WindowExchange only)
 
     def __init__(self, rank, size, config, watchdog, max_words, eager_bytes, copy_in):
         self.rank, self.size, self.config, self.watchdog = rank, size, config, watchdog
@@ -175,7 +178,7 @@ class _Exchange:
 class WindowExchange(_Exchange):
     """Slots in an MPI shared-memory window on the node communicator (every rank on one node)."""
 
-    def __init__(self, node, config, watchdog, max_words, eager_bytes, copy_in):
+    def __init__(self, node, config, watchdog, max_words, eager_bytes, copy_in, native=False):
         super().__init__(node.Get_rank(), node.Get_size(), config, watchdog, max_words, eager_bytes, copy_in)
         # per rank: one cache line holding the cycle number it last published, then its two slots
         per_rank = _LINE + 2 * self.slot_bytes
@@ -191,6 +194,11 @@ class WindowExchange(_Exchange):
                 raw[:] = 0                     # MPI does not zero the window; each rank clears its own part
         self._slots = self._views(buffers)
         self._published = published
+        # the express cycle in compiled code (native_cycle.py), on the same slots and published words
+        self.native = native_cycle.NativeCycle.open(
+            self.rank, self.size, self._header_bytes, (4 + 2 * self.size) * 8,
+            [p.obj.__array_interface__["data"][0] for p in published],
+            [tuple(b.__array_interface__["data"][0] for b in pair) for pair in buffers]) if native else None
         self._win.Sync()
         node.Barrier()
         self._win.Sync()
@@ -207,11 +215,19 @@ class WindowExchange(_Exchange):
         self._win.Sync()
         self._published[self.rank][0] = c
 
-    def gather(self, c):
+    def express(self, c, flags, cid, words, array, out, how):
+        """publish() of cycle c with one id and `array` as its eager data, a bounded wait for the peers and, when
+        the snapshot allows, the reduce into `out`, in one native call (native_cycle.py): DONE (out holds the
+        result), ARRIVED (every slot of cycle c is here: read them as after gather()) or NOT_YET (call gather())."""
+        self._parity = c % 2
+        return self.native.express(c, flags, cid, words, array, out, how)
+
+    def gather(self, c, start=None):
+        """start: when this rank began waiting, if before this call (perf_counter)."""
         published = self._published
         for p in self.peers:
             if published[p][0] < c:       # someone is not there yet: the Watchdog's bounded wait
-                start = time.perf_counter()
+                start = start or time.perf_counter()
                 self._want, self._last = c, p
                 missing = self.watchdog.wait_for_all(self.peers, self._published_for, f"agreement cycle {c}",
                                                      self.config.stall_timeout_s)
@@ -231,6 +247,9 @@ class WindowExchange(_Exchange):
     def close(self):
         """Collective over the node: frees the window."""
         if self._win is not None:
+            if self.native is not None:
+                self.native.close()
+                self.native = None
             self._slots = self._published = None
             self._win.Unlock_all()
             self._win.Free()

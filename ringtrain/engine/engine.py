@@ -255,8 +255,9 @@ class Engine:
             if outcome is None:
                 self.recorder.retract(entry)
                 return None
-            if isinstance(outcome, Collective):     # agreed in its own cycle: this array alone
-                self.executor.express(outcome, array, out)
+            if outcome is True or isinstance(outcome, Collective):     # agreed in its own cycle: this array alone
+                if outcome is not True:             # True: the native cycle reduced it already (native_cycle.py)
+                    self.executor.express(outcome, array, out)
                 end = time.perf_counter()
                 self.executor.stats.record("allreduce", array.nbytes, end - start)
                 if entry is not None:

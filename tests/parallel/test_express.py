@@ -33,7 +33,7 @@ def fallbacks(monkeypatch):
 
 @pytest.fixture
 def outcomes(monkeypatch):
-    """(name, outcome) of every express cycle on this rank: "eager" (reduced from the slots), "agreed" (ran the
+    """(name, outcome) of every express cycle on this rank: "eager" (reduced from the slots; True: by the native cycle), "agreed" (ran the
     transport itself), "request" (became an ordinary request), None (did not apply)."""
     from ringtrain.engine.model import Collective, Source
     agreement = state.engine().agreement
@@ -42,7 +42,7 @@ def outcomes(monkeypatch):
 
     def spy(name, *args):
         outcome = original(name, *args)
-        kind = ("eager" if isinstance(outcome, Collective) and outcome.source is Source.SLOTS
+        kind = ("eager" if outcome is True or isinstance(outcome, Collective) and outcome.source is Source.SLOTS
                 else "agreed" if isinstance(outcome, Collective) else None if outcome is None
                 else "request")
         seen.append((name, kind))

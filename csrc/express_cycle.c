@@ -1,0 +1,175 @@
+/* One express agreement cycle on the shared-memory window, in compiled code (ringtrain/engine/native_cycle.py
+ * loads it with ctypes and argues the memory ordering; cycle_exchange.py describes the window's layout).
+ *
+ * rt_express(ctx, c, flags, cid, words, src, nbytes, out, kind, scale, spin_ns):
+ *   fill this rank's slot of parity c % 2 (header [c, flags, cid, nbytes], the bitmap with bit cid alone, the
+ *   eager data), release-store c into this rank's published word, then spin (bounded by spin_ns) until every
+ *   peer's published word is >= c (acquire loads). Returns
+ *     RT_NOT_YET  (0)  some peer has not published c yet: the caller waits (the Python Watchdog) and decides;
+ *     RT_DONE     (1)  every rank published c with flags 0, bit cid set and the same eager (cid, nbytes): the
+ *                      slots were reduced in rank order into out (and scaled);
+ *     RT_ARRIVED  (2)  every rank published c, but the snapshot is not that one (or kind < 0: no native reduce):
+ *                      the caller reads the slots and decides, exactly as after its own gather.
+ *   The slot and published word are written in every outcome, so the caller never publishes again.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <sched.h>
+
+#define RT_NOT_YET 0
+#define RT_DONE 1
+#define RT_ARRIVED 2
+
+/* kind: dtype * 2 + (1 when the result is scaled); dtypes: */
+enum { F32 = 0, F64 = 1, I32 = 2, I64 = 3 };
+
+typedef struct {
+    int rank, size;
+    int64_t header_bytes;          /* where a slot's eager data begins */
+    int64_t bitmap_offset;         /* where a slot's bitmap words begin */
+    int64_t *published[256];
+    char *slots[256][2];
+} rt_ctx;
+
+void *rt_ctx_new(int rank, int size, int64_t header_bytes, int64_t bitmap_offset, const int64_t *published,
+                 const int64_t *slots) {
+    if (size < 1 || size > 256) return NULL;
+    rt_ctx *ctx = (rt_ctx *)calloc(1, sizeof(rt_ctx));
+    if (!ctx) return NULL;
+    ctx->rank = rank;
+    ctx->size = size;
+    ctx->header_bytes = header_bytes;
+    ctx->bitmap_offset = bitmap_offset;
+    for (int p = 0; p < size; p++) {
+        ctx->published[p] = (int64_t *)(intptr_t)published[p];
+        ctx->slots[p][0] = (char *)(intptr_t)slots[2 * p];
+        ctx->slots[p][1] = (char *)(intptr_t)slots[2 * p + 1];
+    }
+    return ctx;
+}
+
+void rt_ctx_free(void *ctx) { free(ctx); }
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* Sum the slots' data in rank order into out: out = s0 + s1, then out += s2, ... (numpy's add does the same
+ * adds element by element: bitwise the same result). Integers add modulo 2^n as numpy does. */
+#define SUM_LOOP(T, U)                                                                         \
+    {                                                                                          \
+        T *o = (T *)out;                                                                       \
+        const T *a = (const T *)data[0], *b = (const T *)data[1];                              \
+        for (int64_t i = 0; i < n; i++) o[i] = (T)((U)a[i] + (U)b[i]);                         \
+        for (int p = 2; p < size; p++) {                                                      \
+            const T *s = (const T *)data[p];                                                   \
+            for (int64_t i = 0; i < n; i++) o[i] = (T)((U)o[i] + (U)s[i]);                     \
+        }                                                                                      \
+    }
+
+/* Integers divide by the rank count rounding toward zero (C's division): ringtrain.ops.truncating_divide. */
+#define DIVIDE_LOOP(T)                                                                         \
+    {                                                                                          \
+        T *o = (T *)out;                                                                       \
+        for (int64_t i = 0; i < n; i++) o[i] = (T)(o[i] / (T)divisor);                         \
+    }
+
+static void reduce(int kind, int size, char **data, void *out, int64_t nbytes, double scale, int64_t divisor) {
+    int dtype = kind >> 1, scaled = kind & 1;
+    switch (dtype) {
+    case F32: {
+        int64_t n = nbytes / 4;
+        SUM_LOOP(float, float)
+        if (scaled) {
+            float f = (float)scale, *o = (float *)out;
+            for (int64_t i = 0; i < n; i++) o[i] = o[i] * f;
+        }
+        break;
+    }
+    case F64: {
+        int64_t n = nbytes / 8;
+        SUM_LOOP(double, double)
+        if (scaled) {
+            double *o = (double *)out;
+            for (int64_t i = 0; i < n; i++) o[i] = o[i] * scale;
+        }
+        break;
+    }
+    case I32: {
+        int64_t n = nbytes / 4;
+        SUM_LOOP(int32_t, uint32_t)
+        if (scaled) DIVIDE_LOOP(int32_t)
+        break;
+    }
+    case I64: {
+        int64_t n = nbytes / 8;
+        SUM_LOOP(int64_t, uint64_t)
+        if (scaled) DIVIDE_LOOP(int64_t)
+        break;
+    }
+    }
+}
+
+int rt_express(void *handle, int64_t c, int64_t flags, int64_t cid, int64_t words, const void *src, int64_t nbytes,
+               void *out, int kind, double scale, int64_t divisor, int64_t spin_ns) {
+    rt_ctx *ctx = (rt_ctx *)handle;
+    const int rank = ctx->rank, size = ctx->size, parity = (int)(c & 1);
+    const int64_t word = cid >> 6;
+    const uint64_t bit = (uint64_t)1 << (cid & 63);
+
+    /* our slot: header, bitmap, eager data */
+    char *mine = ctx->slots[rank][parity];
+    int64_t *header = (int64_t *)mine;
+    header[0] = c;
+    header[1] = flags;
+    header[2] = cid;
+    header[3] = nbytes;
+    uint64_t *bitmap = (uint64_t *)(mine + ctx->bitmap_offset);
+    for (int64_t w = 0; w < words; w++) bitmap[w] = w == word ? bit : 0;
+    memcpy(mine + ctx->header_bytes, src, (size_t)nbytes);
+    /* publish: every store above happens-before a peer's acquire load that reads c */
+    __atomic_store_n(ctx->published[rank], c, __ATOMIC_RELEASE);
+
+    /* wait, bounded, for every peer's cycle c */
+    int64_t deadline = 0;
+    for (int p = 0, spins = 0; p < size;) {
+        if (p == rank || __atomic_load_n(ctx->published[p], __ATOMIC_ACQUIRE) >= c) {
+            p++;
+            continue;
+        }
+        if (++spins < 64) {
+            cpu_relax();
+            continue;
+        }
+        int64_t t = now_ns();
+        if (deadline == 0) deadline = t + spin_ns;
+        else if (t > deadline) return RT_NOT_YET;
+        sched_yield();             /* on an oversubscribed node the peer may need this very core */
+    }
+
+    /* every rank published c: the fast outcome needs no flag, our bit everywhere, our eager header everywhere */
+    if (kind < 0 || flags) return RT_ARRIVED;
+    char *data[256];
+    for (int p = 0; p < size; p++) {
+        const char *slot = ctx->slots[p][parity];
+        const int64_t *h = (const int64_t *)slot;
+        const uint64_t *b = (const uint64_t *)(slot + ctx->bitmap_offset);
+        if (h[1] != 0 || !(b[word] & bit) || h[2] != cid || h[3] != nbytes) return RT_ARRIVED;
+        data[p] = (char *)slot + ctx->header_bytes;
+    }
+    reduce(kind, size, data, out, nbytes, scale, divisor);
+    return RT_DONE;
+}

@@ -1,0 +1,144 @@
+"""The express cycle in compiled code (ringtrain/engine/native_cycle.py) in a real job: every dtype and op an express
+allreduce takes gives bitwise the same result with the native cycle on, off, and on one rank only, equal to the
+one-process reference over every rank's input; a rank arriving late hands the wait to Python; a rank that skips a
+call still ends in a StallError naming the tensor and the rank, and the job goes on."""
+import time
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import ringtrain as rt
+from ringtrain.core import state
+from ringtrain.engine import native_cycle
+from ringtrain.ops import DTYPES, ReduceOp, reduce_in_rank_order, result_scale
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+OPS = {"sum": rt.Sum, "average": rt.Average, "min": rt.Min, "max": rt.Max, "product": rt.Product}
+
+
+def native_or_skip():
+    agreement = state.engine().agreement
+    if getattr(agreement, "_native", None) is None:
+        pytest.skip(f"no native express cycle in this job (library: {native_cycle.library()!r}, "
+                    f"agreement {type(agreement).__name__})")
+    return agreement
+
+
+@pytest.fixture
+def native_outcomes(monkeypatch):
+    """Every native call's outcome on this rank, by cache id."""
+    exchange = native_or_skip()._exchange
+    seen = []
+    original = exchange.express
+
+    def spy(c, flags, cid, *args):
+        outcome = original(c, flags, cid, *args)
+        seen.append(outcome)
+        return outcome
+    monkeypatch.setattr(exchange, "express", spy)
+    return seen
+
+
+def switch(on):
+    """Both ranks between calls: the native cycle on or off on this rank."""
+    agreement = state.engine().agreement
+    if not hasattr(agreement, "_kept_native"):
+        agreement._kept_native = agreement._native
+    agreement._native = agreement._kept_native if on else None
+
+
+@pytest.fixture
+def restore_native():
+    yield
+    switch(True)
+
+
+def inputs(dtype, n, seed):
+    rng = np.random.default_rng(seed * 100 + rt.rank())
+    dt = DTYPES[dtype]
+    if dt.kind == "f" or dtype == "bfloat16":
+        return (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 4, n)).astype(dt)
+    if dt.kind == "b":
+        return rng.integers(0, 2, n).astype(dt)
+    info = np.iinfo(dt)
+    return rng.integers(info.min, info.max, n, dtype=dt, endpoint=True)
+
+
+def test_native_and_python_cycles_give_the_same_bits(native_outcomes, restore_native):
+    comm = MPI.COMM_WORLD
+    size, rank = rt.size(), rt.rank()
+    done = 0
+    for seed, dtype in enumerate(["float32", "float64", "int32", "int64", "float16", "bfloat16", "int8", "uint8",
+                                  "int16", "uint16"]):
+        for op_name, op in OPS.items():
+            for n in (1, 7, 1001):
+                x = inputs(dtype, n, seed * 10 + n)
+                everyone = comm.allgather(x)
+                want = np.empty_like(x)
+                reduce_in_rank_order(want, everyone, ReduceOp(op), result_scale(ReduceOp(op), 1.0, size))
+                name = f"native.{dtype}.{op_name}.{n}"
+                results = {}
+                for path in ("first", "native", "python", "mixed", "native again"):
+                    switch(path in ("native", "native again") or (path == "mixed" and rank == 0))
+                    comm.Barrier()
+                    before = len(native_outcomes)
+                    out = rt.allreduce(x, op=op, name=name)
+                    results[path] = out.tobytes()
+                    if path == "native again" and native_cycle.reduce_how(
+                            dtype, op, result_scale(ReduceOp(op), 1.0, size), size):
+                        # the last rank to arrive finds every slot there: DONE (the others may have stopped spinning)
+                        done += comm.allreduce(native_outcomes[before:] == [native_cycle.DONE], op=MPI.MAX)
+                for path, got in results.items():
+                    assert got == want.tobytes(), f"rank {rank}: {name} {path}: {np.frombuffer(got, x.dtype)} " \
+                                                  f"!= {want}"
+                theirs = comm.allgather(results["native again"])
+                assert all(t == theirs[0] for t in theirs), f"{name}: ranks disagree bitwise"
+    # a call the C code reduces finishes natively on the last rank to arrive (unless an engine thread's cycle came
+    # between: then Python finished it, correctly, which is what the assertions above checked)
+    assert done >= 4 * 2 * 3 // 2, f"only {done} of 24 calls finished in the native cycle on any rank"
+
+
+def test_a_late_rank_hands_the_wait_to_python(native_outcomes):
+    size, rank = rt.size(), rt.rank()
+    want = sum(np.arange(100, dtype=np.float32) + r for r in range(size)) / size
+    for i in range(6):
+        if rank == size - 1 and i % 2:
+            time.sleep(0.05)             # far past the native spin's bound
+        out = rt.allreduce(np.arange(100, dtype=np.float32) + rank, name="native.late")
+        np.testing.assert_array_equal(out, want, err_msg=f"rank {rank} call {i}")
+    if rank == 0:
+        assert native_cycle.NOT_YET in native_outcomes, native_outcomes
+
+
+def test_a_skipped_call_still_stalls_naming_the_rank_and_tensor():
+    """With a short stall timeout: the last rank skips a cached allreduce the others make in the native cycle."""
+    rt.shutdown()
+    rt.init(stall_timeout_s=2.0, stall_warning_s=1.0)
+    try:
+        agreement = native_or_skip()
+        outcomes = []
+        original = agreement._exchange.express
+        agreement._exchange.express = lambda *a: outcomes.append(original(*a)) or outcomes[-1]
+        size, rank = rt.size(), rt.rank()
+        odd = rank == size - 1
+        ones = np.ones(8, np.float32)
+        for _ in range(2):
+            np.testing.assert_array_equal(rt.allreduce(ones, op=rt.Sum, name="native.stall"), ones * size)
+        outcomes.clear()
+        rt.barrier()
+        if odd:
+            time.sleep(0.5)             # the skipped call is the older stalled name (see stall_then_continue.py)
+        else:
+            with pytest.raises(rt.StallError) as caught:
+                rt.allreduce(ones, op=rt.Sum, name="native.stall")
+            message = str(caught.value)
+            assert "native.stall" in message and f"{size - 1}" in message, message
+            assert outcomes and outcomes[0] in (native_cycle.NOT_YET, native_cycle.ARRIVED), outcomes
+        for i in range(4):
+            got = rt.allreduce(np.full(8, rank + 1.0, np.float32), op=rt.Sum, name=f"native.after{i % 2}")
+            np.testing.assert_array_equal(got, np.full(8, size * (size + 1) / 2), err_msg=f"rank {rank} after {i}")
+    finally:
+        rt.shutdown()
+        rt.init()

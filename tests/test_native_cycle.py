@@ -1,0 +1,175 @@
+"""The compiled express cycle (ringtrain/engine/native_cycle.py) against the Python path, in one process: the ranks'
+published words and slots are plain numpy buffers laid out as the shared window lays them out, rank 0 makes the
+native call and the peers' slots are written by the Python path's own _fill (cycle_exchange.py)."""
+import time
+
+import numpy as np
+import pytest
+
+from ringtrain.config import Config
+from ringtrain.engine import native_cycle
+from ringtrain.engine.cycle_exchange import _Exchange
+from ringtrain.ops import DTYPES, ReduceOp, reduce_in_rank_order, result_scale
+
+WORDS = 2
+EAGER = 64 << 10
+
+if isinstance(native_cycle.library(), str):
+    pytest.skip(f"the native express cycle cannot be built here: {native_cycle.library()}", allow_module_level=True)
+
+
+def copy_in(slot, array):
+    slot[:] = array.reshape(-1)
+
+
+class World:
+    """Every rank's published word and two slots in one process; exchanges[p] is rank p's Python view of them."""
+
+    def __init__(self, size, me=0):
+        self.size, self.me = size, me
+        self.exchanges = [_Exchange(p, size, Config(), None, WORDS, EAGER, copy_in) for p in range(size)]
+        slot_bytes = self.exchanges[0].slot_bytes
+        self.published = [np.zeros(8, np.int64) for _ in range(size)]     # a cache line each
+        self.buffers = [(np.zeros(slot_bytes, np.uint8), np.zeros(slot_bytes, np.uint8)) for _ in range(size)]
+        for exchange in self.exchanges:
+            exchange._slots = exchange._views(self.buffers)
+        ex = self.exchanges[me]
+        self.native = native_cycle.NativeCycle.open(
+            me, size, ex._header_bytes, (4 + 2 * size) * 8, [a.ctypes.data for a in self.published],
+            [tuple(b.ctypes.data for b in pair) for pair in self.buffers])
+        assert self.native is not None
+
+    def peer_publishes(self, p, c, flags, bitmap, eager):
+        self.exchanges[p]._fill(c, flags, bitmap, WORDS, eager)
+        self.published[p][0] = c
+
+    def express(self, c, cid, array, out, how, flags=0, spin_s=native_cycle.SPIN_S):
+        return self.native.express(c, flags, cid, WORDS, array, out, how, spin_s)
+
+    def close(self):
+        self.native.close()
+
+
+def how_for(dtype, op, size, postscale=1.0):
+    return native_cycle.reduce_how(dtype, op, result_scale(op, postscale, size), size)
+
+
+def inputs(dtype, n, size, seed):
+    rng = np.random.default_rng(seed)
+    if np.dtype(DTYPES[dtype]).kind == "f":
+        # values over many magnitudes: a sum in any other order than rank order gives other bits
+        return [(rng.standard_normal(n) * 10.0 ** rng.integers(-6, 7, n)).astype(DTYPES[dtype]) for _ in range(size)]
+    info = np.iinfo(DTYPES[dtype])
+    return [rng.integers(info.min, info.max, n, dtype=DTYPES[dtype], endpoint=True) for _ in range(size)]
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_the_native_reduce_is_bitwise_the_python_reduce(size):
+    """Every dtype and op the native reduce takes, Average with and without a postscale, odd sizes, the call made by
+    each rank in turn: the same bits as ops.reduce_in_rank_order over the ranks' copies (what the Python path's
+    executor computes on every rank)."""
+    worlds = [World(size, me) for me in range(size)]      # the native call made by each rank in turn
+    c, cid = 0, 70                         # an id in the second bitmap word
+    cases = 0
+    try:
+        for dtype in ("float32", "float64", "int32", "int64"):
+            for op in (ReduceOp.SUM, ReduceOp.AVERAGE):
+                for postscale in (1.0, 0.5):
+                    for n in (1, 7, 1001):
+                        how = how_for(dtype, op, size, postscale)
+                        c += 1
+                        arrays = inputs(dtype, n, size, seed=c)
+                        world = worlds[c % size]
+                        for p in range(size):
+                            if p != world.me:
+                                world.peer_publishes(p, c, 0, 1 << cid, (cid, arrays[p]))
+                        out = np.full(n, 99, DTYPES[dtype])
+                        assert world.express(c, cid, arrays[world.me], out, how) == native_cycle.DONE
+                        want = np.empty(n, DTYPES[dtype])
+                        reduce_in_rank_order(want, arrays, op, result_scale(op, postscale, size))
+                        assert out.tobytes() == want.tobytes(), (world.me, dtype, op, postscale, n)
+                        cases += 1
+    finally:
+        for world in worlds:
+            world.close()
+    assert cases == 4 * 2 * 2 * 3
+
+
+def test_in_place_and_the_slot_rank_0_writes_are_the_python_path():
+    """out may be the input (in place); rank 0's slot holds what _fill writes: the same header, bitmap and data."""
+    world = World(2)
+    try:
+        a = np.arange(10, dtype=np.float32)
+        b = np.arange(10, dtype=np.float32) * 3
+        world.peer_publishes(1, 1, 0, 1 << 5, (5, b))
+        assert world.express(1, 5, a, a, how_for("float32", ReduceOp.AVERAGE, 2)) == native_cycle.DONE
+        np.testing.assert_array_equal(a, (np.arange(10) + np.arange(10) * 3) / 2)
+        assert world.published[0][0] == 1
+        native_slot = world.buffers[0][1].copy()
+        world.exchanges[0]._fill(1, 0, 1 << 5, WORDS, (5, np.arange(10, dtype=np.float32)))
+        used = world.exchanges[0]._header_bytes + 40
+        assert native_slot[:used].tobytes() == world.buffers[0][1][:used].tobytes()
+    finally:
+        world.close()
+
+
+def test_any_other_snapshot_is_left_to_python():
+    """A peer's flag, a peer without the id ready, other eager data (id or size), a dtype/op the C code does not
+    reduce: ARRIVED, out untouched; a peer that has not published: NOT_YET after the bounded spin."""
+    world = World(3)
+    how = how_for("float32", ReduceOp.SUM, 3)
+    a = np.ones(16, np.float32)
+    c = 0
+    try:
+        for flags, bitmaps, eagers, h in [
+                ((1, 0), (1 << 3, 1 << 3), (3, 3), how),             # rank 1 wants the coordinator
+                ((0, 2), (1 << 3, 1 << 3), (3, 3), how),             # rank 2: its coordinator is busy
+                ((0, 0), (1 << 3, 1 << 4), (3, 3), how),             # rank 2 does not have id 3 ready
+                ((0, 0), (1 << 3, 1 << 3), (3, None), how),          # rank 2 published no eager data
+                ((0, 0), (1 << 3, 1 << 3), (3, 4), how),             # rank 2 published another id's data
+                ((0, 0), (1 << 3, 1 << 3), (3, 3), None)]:           # a reduce the C code leaves to Python
+            c += 1
+            for p in (1, 2):
+                eager = None if eagers[p - 1] is None else (eagers[p - 1], a)
+                world.peer_publishes(p, c, flags[p - 1], bitmaps[p - 1], eager)
+            out = np.zeros(16, np.float32)
+            assert world.express(c, 3, a, out, h) == native_cycle.ARRIVED, (flags, bitmaps, eagers)
+            assert not out.any()
+        c += 1
+        world.peer_publishes(1, c, 0, 1 << 3, (3, a[:8]))               # same id, other size
+        world.peer_publishes(2, c, 0, 1 << 3, (3, a))
+        assert world.express(c, 3, a, np.zeros(16, np.float32), how) == native_cycle.ARRIVED
+        c += 1
+        world.peer_publishes(1, c, 0, 1 << 3, (3, a))                   # rank 2 is late
+        start = time.perf_counter()
+        assert world.express(c, 3, a, np.zeros(16, np.float32), how, spin_s=1e-3) == native_cycle.NOT_YET
+        assert 1e-3 <= time.perf_counter() - start < 0.5
+        assert world.published[0][0] == c                               # published all the same
+        assert world.express(c, 3, a, np.zeros(16, np.float32), how, flags=1) == native_cycle.NOT_YET
+    finally:
+        world.close()
+
+
+def test_own_flag_is_never_reduced_natively():
+    world = World(2)
+    try:
+        a = np.ones(4, np.float64)
+        world.peer_publishes(1, 1, 0, 1 << 0, (0, a))
+        out = np.zeros(4)
+        assert world.express(1, 0, a, out, how_for("float64", ReduceOp.SUM, 2), flags=2) == native_cycle.ARRIVED
+        assert not out.any()
+    finally:
+        world.close()
+
+
+def test_reduce_how_takes_only_what_the_c_code_reduces_bitwise():
+    assert native_cycle.reduce_how("float32", ReduceOp.AVERAGE, 0.25, 4) == (1, 0.25, 1)
+    assert native_cycle.reduce_how("float64", ReduceOp.SUM, 1.0, 4) == (2, 1.0, 1)
+    assert native_cycle.reduce_how("int64", ReduceOp.AVERAGE, 1 / 3, 3) == (7, 1 / 3, 3)
+    assert native_cycle.reduce_how("int32", ReduceOp.SUM, 0.5, 2) == (5, 0.5, 2)    # a postscale 1/k: divide by k
+    assert native_cycle.reduce_how("int32", ReduceOp.SUM, 0.4, 2) is None          # any other: Python's rounding
+    assert native_cycle.reduce_how("int32", ReduceOp.SUM, -0.5, 2) is None
+    for dtype in ("float16", "bfloat16", "int8", "uint8", "int16", "uint16", "bool"):
+        assert native_cycle.reduce_how(dtype, ReduceOp.SUM, 1.0, 2) is None
+    for op in (ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT):
+        assert native_cycle.reduce_how("float32", op, 1.0, 2) is None
