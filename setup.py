@@ -14,7 +14,7 @@ from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 HERE = pathlib.Path(__file__).resolve().parent
-KERNEL_SOURCE_SUFFIXES = (".cu", ".cuh", ".h", ".cc")
+KERNEL_SOURCE_SUFFIXES = (".cu", ".cuh", ".h", ".cc", ".c")
 
 
 class build_py_with_kernel_sources(build_py):

@@ -11,7 +11,7 @@ import zipfile
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KERNEL_SOURCE_SUFFIXES = (".cu", ".cuh", ".h", ".cc")
+KERNEL_SOURCE_SUFFIXES = (".cu", ".cuh", ".h", ".cc", ".c")
 BUILD_TIMEOUT_S = 300
 
 
