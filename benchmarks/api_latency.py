@@ -18,7 +18,12 @@ Forms (torch unless named):
   scalar        hvd.allreduce(torch.tensor(0.5), name=...)   (one size: 4 bytes)
   numpy         ringtrain.allreduce(a, name=...)             (the core API, out of place)
   tf_eager      ringtrain.tensorflow.allreduce(t, name=...)  (--tf)
+  tf_noop_op    tf.identity(t): TensorFlow's own floor for one eager op (no collective)
+  tf_convert    the eager call's conversions alone: a view of t, an aligned copy, adopted back (no collective)
   jax_eager     ringtrain.jax.allreduce(a, name=...)         (--jax)
+  jax_callback  jax.pure_callback(identity, a): JAX's own floor for a host call (no collective)
+  jax_convert   the eager call's conversions alone: np.asarray(a), an aligned copy, adopted back (no collective)
+The floors' x_mpi says how far a form could get if ringtrain's own part took no time at all.
 """
 import argparse
 import os
@@ -83,15 +88,31 @@ def make_forms(args):
     if args.tf:
         import tensorflow as tf
         import ringtrain.tensorflow as hvd_tf
+        from ringtrain.tensorflow import arrays as tf_arrays
         forms["tf_eager"] = (lambda nbytes: {"t": tf.constant(data(nbytes // 4)), "name": f"bench.tf.{nbytes}"},
                              lambda s: hvd_tf.allreduce(s["t"], name=s["name"]).numpy(),
                              lambda nbytes: want(nbytes // 4))
+        # TF's own floor: one no-op eager op; and the conversions the eager call makes (view in, aligned buffer
+        # adopted out) with no collective between them
+        forms["tf_noop_op"] = (lambda nbytes: {"t": tf.constant(data(nbytes // 4))},
+                               lambda s: tf.identity(s["t"]).numpy(), lambda nbytes: data(nbytes // 4))
+        forms["tf_convert"] = (lambda nbytes: {"t": tf.constant(data(nbytes // 4))},
+                               lambda s: _tf_round_trip(tf_arrays, s["t"]).numpy(), lambda nbytes: data(nbytes // 4))
     if args.jax:
+        import jax
         import jax.numpy as jnp
         import ringtrain.jax as hvd_jax
+        from ringtrain.jax import arrays as jax_arrays
         forms["jax_eager"] = (lambda nbytes: {"a": jnp.asarray(data(nbytes // 4)), "name": f"bench.jax.{nbytes}"},
                               lambda s: np.asarray(hvd_jax.allreduce(s["a"], name=s["name"])),
                               lambda nbytes: want(nbytes // 4))
+        # JAX's own floor: an eager jax.pure_callback of the identity; and the conversions the eager call makes
+        forms["jax_callback"] = (lambda nbytes: {"a": jnp.asarray(data(nbytes // 4))},
+                                 lambda s: np.asarray(jax.pure_callback(_identity, s["a"], s["a"])),
+                                 lambda nbytes: data(nbytes // 4))
+        forms["jax_convert"] = (lambda nbytes: {"a": jnp.asarray(data(nbytes // 4))},
+                                lambda s: np.asarray(_jax_round_trip(jax_arrays, s["a"])),
+                                lambda nbytes: data(nbytes // 4))
 
     comm = MPI.COMM_WORLD
 
@@ -104,6 +125,24 @@ def make_forms(args):
         return s["out"]
     forms["MPI_Allreduce"] = (mpi_setup, mpi_call, lambda nbytes: want(nbytes // 4))
     return forms
+
+
+def _identity(x):
+    return x
+
+
+def _tf_round_trip(arrays, tensor):
+    view = arrays.to_array(tensor)
+    out = arrays.aligned_empty(view.shape, view.dtype)
+    out[...] = view
+    return arrays.to_tensor(out)
+
+
+def _jax_round_trip(arrays, a):
+    view = arrays.to_numpy(a)
+    out = arrays.aligned_empty(view.shape, view.dtype)
+    out[...] = view
+    return arrays.to_jax(out)
 
 
 def main():

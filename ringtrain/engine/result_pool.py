@@ -8,6 +8,8 @@ Two kinds of block:
   an out-of-place result in ordinary memory costs ~1.3x the in-place call at 16 MB (every line of the new result is
   read in before it is written). The window's pool is never given back, so at most SHARED_BUDGET bytes are taken
   from it (what is left serves empty_shared() buffers), and a free block serves any result that fits in it.
+- Results from SHARED_MIN_BYTES up that no shared block serves are ALIGNMENT-aligned (TF and XLA adopt them without
+  a copy).
 - Private blocks (MIN_BYTES and up): glibc's malloc keeps freed blocks below 32 MB (its mmap threshold adapts up to
   there), so those results cost no page faults already. Above it malloc maps and unmaps every time: the pool keeps
   KEEP blocks, which spares 64 MB results 16,384 fresh pages (+16-21 ms per call).
@@ -29,6 +31,7 @@ MIN_BYTES = 32 << 20
 KEEP = 2
 SHARED_MIN_BYTES = 256 << 10
 SHARED_BUDGET = 64 << 20
+ALIGNMENT = 64              # every result from SHARED_MIN_BYTES up starts on a cache line (the window's blocks too)
 
 
 class ResultPool:
@@ -69,11 +72,12 @@ class ResultPool:
                 block = self._take_shared(nbytes)
                 if block is not None:
                     return block[:nbytes].view(dtype).reshape(shape)
-        if nbytes < self._min_bytes:
-            return np.empty(shape, dtype=dtype)
-        with self._lock:
-            block = self._take(nbytes)
-            return block.view(dtype).reshape(shape)
+        if nbytes >= self._min_bytes:
+            with self._lock:
+                return self._take(nbytes).view(dtype).reshape(shape)
+        if nbytes >= self._shared_min_bytes:
+            return _aligned(np.empty(nbytes + ALIGNMENT, dtype=np.uint8), nbytes).view(dtype).reshape(shape)
+        return np.empty(shape, dtype=dtype)
 
     def _take_shared(self, nbytes):
         """The smallest unused shared block of at least nbytes, a new one while the budget lasts, or None."""
@@ -94,16 +98,26 @@ class ResultPool:
         return block
 
     def _take(self, nbytes):
+        """ALIGNMENT-aligned private memory of exactly nbytes: in a dropped block of that size, else in a new one
+        (kept while fewer than `keep` are, or in place of an unused one of another size). A block is the uint8
+        array that owns its memory, so views of it point their base at it."""
         free = [i for i, b in enumerate(_unreferenced(self._blocks)) if b is not None]
         for i in free:
-            if self._blocks[i].nbytes == nbytes:
-                return self._blocks[i]
-        block = np.empty(nbytes, dtype=np.uint8)
+            if self._blocks[i].nbytes == nbytes + ALIGNMENT:
+                return _aligned(self._blocks[i], nbytes)
+        block = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
         if len(self._blocks) < self._keep:
             self._blocks.append(block)
         elif free:                     # an unused block of another size makes room
             self._blocks[free[0]] = block
-        return block
+        return _aligned(block, nbytes)
+
+
+def _aligned(raw, nbytes):
+    """nbytes of raw (ALIGNMENT more than that) starting on an ALIGNMENT boundary (np.empty's is 16-byte aligned):
+    TF and XLA adopt such a result without a copy."""
+    start = -raw.__array_interface__["data"][0] % ALIGNMENT
+    return raw[start:start + nbytes]
 
 
 def _counts(blocks):

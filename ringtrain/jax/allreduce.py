@@ -16,9 +16,13 @@ from ringtrain.ops import ReduceOp, resolve_op
 from ringtrain.core.process_sets import ProcessSet, global_process_set
 
 from . import gradients
-from .arrays import Wire, aligned_empty, check_reduction, check_scales
+from .arrays import Wire, aligned_empty, check_reduction, check_scales, to_jax, to_numpy
 from .host_call import collective_primitive, differentiable, same_avals
 from .naming import collective_name
+
+
+POOLED_BYTES = 256 << 10     # results from here up come from the core's result pool
+EAGER_COPY_BYTES = 16 << 10  # eager results below this are copied into a jax.Array, from here up adopted
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,8 +39,9 @@ def _run(*arrays, spec):
     wires = [Wire(a, spec.op) for a in arrays]
     for w in wires:
         check_scales(w, spec.prescale_factor, spec.postscale_factor, f"allreduce {spec.name!r}")
-    # results land in 64-byte-aligned buffers, so eagerly they become jax.Arrays without a copy (arrays.to_jax)
-    outs = [aligned_empty(w.array.shape, w.array.dtype) for w in wires]
+    # results land in 64-byte-aligned buffers, so eagerly they become jax.Arrays without a copy (arrays.to_jax):
+    # small ones here, large ones from the core's result pool (aligned there, and in the shared window on shm)
+    outs = [aligned_empty(w.array.shape, w.array.dtype) if w.array.nbytes < POOLED_BYTES else None for w in wires]
     op = wires[0].op if len({w.op for w in wires}) == 1 else None
     if op is None:                           # unsigned Average next to other dtypes: one request per wire op
         results = [collectives.allreduce(w.array, w.op, f"{spec.name}.{i}", spec.prescale_factor,
@@ -71,11 +76,29 @@ def allreduce(tensor, op=None, name=None, prescale_factor=1.0, postscale_factor=
               average=None, compression=None):
     """Reduce `tensor` (a jax.Array or anything jnp.asarray takes) over the set's ranks; default op Average
     (integers: floor). `compression` (e.g. Compression.fp16) casts it for the wire and back. Differentiable."""
+    if not isinstance(tensor, jax.Array):
+        tensor = jax.numpy.asarray(tensor)
+    if not isinstance(tensor, jax.core.Tracer):
+        return _allreduce_eager(tensor, op, name, prescale_factor, postscale_factor, process_set, average,
+                                compression)
     spec = _spec("allreduce", name, op, average, prescale_factor, postscale_factor, process_set)
-    tensor = jax.numpy.asarray(tensor)
     wire, ctx = compression.compress(tensor) if compression is not None else (tensor, None)
     check_reduction(wire.dtype, spec.op, f"allreduce {spec.name!r}")
     (reduced,) = _allreduce((wire,), spec)
+    return compression.decompress(reduced, ctx) if compression is not None else reduced
+
+
+def _allreduce_eager(tensor, op, name, prescale_factor, postscale_factor, process_set, average, compression):
+    """A concrete array outside any trace (no jit, no grad: those see Tracers): the core's synchronous call on a
+    view of it, with no primitive, custom_vjp or callback around it. Unnamed calls take the core's recurring
+    unnamed names (cached, so they run express)."""
+    spec = AllreduceSpec(name, resolve_op(op, average, adasum=True), float(prescale_factor), float(postscale_factor),
+                         process_set)
+    wire, ctx = compression.compress(tensor) if compression is not None else (tensor, None)
+    check_reduction(wire.dtype, spec.op, f"allreduce {name!r}")
+    (result,) = _run(to_numpy(wire), spec=spec)
+    # a small result is cheaper copied (jnp.asarray) than adopted (jax.dlpack: ~3x its Python cost at 4 KB)
+    reduced = jax.numpy.asarray(result) if result.nbytes < EAGER_COPY_BYTES else to_jax(result)
     return compression.decompress(reduced, ctx) if compression is not None else reduced
 
 

@@ -17,6 +17,8 @@ complex128; they travel as views the core understands, with no copy for data mov
 Unsupported combinations are refused when the collective is traced (check_reduction, check_movable), on the
 caller's rank, before anything runs.
 """
+import math
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -35,10 +37,14 @@ _COMPLEX_AS_REAL = {np.dtype(np.complex64): np.dtype(np.float32), np.dtype(np.co
 def aligned_empty(shape, dtype):
     """An uninitialised C-contiguous numpy array whose data starts on an XLA_ALIGNMENT boundary."""
     dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    raw = np.empty(nbytes + XLA_ALIGNMENT, np.uint8)
-    start = (-raw.ctypes.data) % XLA_ALIGNMENT
+    nbytes = math.prod(shape) * dtype.itemsize      # math.prod and __array_interface__: ~10 us less than np.prod
+    raw = np.empty(nbytes + XLA_ALIGNMENT, np.uint8)     # and .ctypes on every eager call
+    start = -_address(raw) % XLA_ALIGNMENT
     return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def _address(array):
+    return array.__array_interface__["data"][0]
 
 
 def to_numpy(x):
@@ -52,7 +58,7 @@ def to_jax(array):
     if isinstance(array, jax.Array):
         return array
     array = np.asarray(array)
-    if (array.size and array.flags.c_contiguous and array.ctypes.data % XLA_ALIGNMENT == 0
+    if (array.size and array.flags.c_contiguous and _address(array) % XLA_ALIGNMENT == 0
             and array.dtype != _BFLOAT16):
         return jax.dlpack.from_dlpack(array)
     return jnp.asarray(array)

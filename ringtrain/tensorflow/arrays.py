@@ -11,6 +11,8 @@ Measured with tensorflow-cpu 2.21 (benchmarks/results/tf_zero_copy.txt; docs/gui
 - GPU tensors go to cupy through DLPack (ringtrain.gpu, imported only when a GPU tensor is seen) and come back the
   same way. Not exercised on this project's CPU-only CI.
 """
+import math
+
 import ml_dtypes
 import numpy as np
 import tensorflow as tf
@@ -22,10 +24,14 @@ _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 def aligned_empty(shape, dtype):
     """An uninitialised C-contiguous numpy array whose data starts on a TF_ALIGNMENT boundary."""
     dtype = np.dtype(dtype)
-    count = int(np.prod(shape, dtype=np.int64))
-    raw = np.empty(count * dtype.itemsize + TF_ALIGNMENT, np.uint8)
-    start = (-raw.ctypes.data) % TF_ALIGNMENT
-    return raw[start:start + count * dtype.itemsize].view(dtype).reshape(shape)
+    nbytes = math.prod(shape) * dtype.itemsize      # math.prod and __array_interface__: ~10 us less than np.prod
+    raw = np.empty(nbytes + TF_ALIGNMENT, np.uint8)     # and .ctypes on every eager call
+    start = -_address(raw) % TF_ALIGNMENT
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def _address(array):
+    return array.__array_interface__["data"][0]
 
 
 def is_gpu(tensor):
@@ -52,7 +58,7 @@ def to_tensor(array):
         if hasattr(array, "__cuda_array_interface__"):
             return tf.experimental.dlpack.from_dlpack(array.toDlpack())
         array = np.asarray(array)
-    if (array.size and array.flags.c_contiguous and array.ctypes.data % TF_ALIGNMENT == 0
+    if (array.size and array.flags.c_contiguous and _address(array) % TF_ALIGNMENT == 0
             and array.dtype != _BFLOAT16 and array.dtype.kind in "biuf"):
         return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
     return tf.convert_to_tensor(array)

@@ -31,6 +31,7 @@ import weakref
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.eager import record
 
 from ringtrain.core import collectives
 from ringtrain.reducer import gradient_rules
@@ -53,6 +54,8 @@ from . import arrays, host_op, xla
 from .compression import Compression
 
 # ---------------------------------------------------------------- names and host calls
+
+EAGER_POOLED_BYTES = 256 << 10      # eager results from here up come from the core's result pool (aligned there)
 
 _graph_counts = weakref.WeakKeyDictionary()   # graph -> names used in it (a name twice in one graph gets .2, .3)
 
@@ -211,10 +214,28 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
         return _allreduce_indexed_slices(tensor, _auto_name("allreduce", name, tensor.values, process_set), op,
                                          process_set)
     tensor = tf.convert_to_tensor(tensor)
+    if tf.executing_eagerly() and not record.could_possibly_record():
+        return _allreduce_eager(tensor, compression, op, prescale_factor, postscale_factor, name, process_set)
     name = _auto_name("allreduce", name, tensor, process_set)
     wire, ctx = compression.compress(tensor)
     (reduced,) = _allreduce_differentiable([wire], [name], op, prescale_factor, postscale_factor, process_set)
     return compression.decompress(reduced, ctx)
+
+
+def _allreduce_eager(tensor, compression, op, prescale_factor, postscale_factor, name, process_set):
+    """Eagerly with no gradient tape recording: the core's synchronous call on a view of the tensor (its express
+    path), with no custom_gradient and no host call around it. Unnamed calls take the core's recurring unnamed
+    names, as the other bindings' (cached, so they run express too)."""
+    wire, ctx = compression.compress(tensor)
+    array = arrays.to_array(wire)
+    # small results in 64-byte-aligned memory TF adopts without a copy; large ones from the core's result pool
+    out = arrays.aligned_empty(array.shape, array.dtype) if array.nbytes < EAGER_POOLED_BYTES else None
+    try:
+        result = collectives.allreduce(array, op=op, name=name, prescale_factor=prescale_factor,
+                                       postscale_factor=postscale_factor, out=out, process_set=process_set)
+    except TensorMismatchError as e:         # Horovod's type (tf.errors.FailedPreconditionError), ours too
+        raise host_op.as_tf_error(e) from None
+    return compression.decompress(arrays.to_tensor(result), ctx)
 
 
 @_no_autograph

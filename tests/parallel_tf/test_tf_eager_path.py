@@ -1,0 +1,61 @@
+"""Eager allreduce with no gradient tape recording is the core's synchronous call on a view of the tensor (no
+custom_gradient, no host call): numpy-equal for Average and Sum, named and unnamed interleaved, large results held by
+the caller never overwritten, and under a GradientTape the differentiable path as before."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import ringtrain.tensorflow as hvd
+from ringtrain.tensorflow import functions
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+
+def data(n, salt, rank):
+    return ((np.arange(n) % 11) + 3 * rank + salt).astype(np.float32)
+
+
+def total(n, salt):
+    return sum(data(n, salt, r).astype(np.float64) for r in range(hvd.size()))
+
+
+@pytest.fixture
+def no_differentiable_path(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("eager allreduce with no tape took the custom_gradient path")
+    monkeypatch.setattr(functions, "_allreduce_differentiable", refuse)
+
+
+def test_eager_allreduce_is_the_core_call_and_numpy_equal(no_differentiable_path):
+    r, size = hvd.rank(), hvd.size()
+    for call in range(3):
+        for n in (1, 1000, 300_000):
+            x = tf.constant(data(n, call, r))
+            np.testing.assert_allclose(hvd.allreduce(x, name=f"tf.eager.{n}").numpy(), total(n, call) / size,
+                                       rtol=1e-6, err_msg=f"rank {r} Average n={n}")
+            np.testing.assert_array_equal(hvd.allreduce(x, op=hvd.Sum).numpy(), total(n, call),
+                                          err_msg=f"rank {r} unnamed Sum n={n}")
+            scaled = hvd.allreduce(x, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0, name="tf.eager.scaled")
+            np.testing.assert_allclose(scaled.numpy(), total(n, call) * 1.5, rtol=1e-6)
+    ints = hvd.allreduce(tf.constant([7 + r, -7 - r], dtype=tf.int64))          # Average of integers: truncated
+    np.testing.assert_array_equal(ints.numpy(), np.trunc(np.array([1, -1]) * (7 + (size - 1) / 2)).astype(np.int64))
+    half = hvd.allreduce(tf.constant(data(5, 0, r)), compression=hvd.Compression.fp16)
+    assert half.dtype == tf.float32
+    np.testing.assert_allclose(half.numpy(), total(5, 0) / size, rtol=1e-3)
+
+
+def test_large_eager_results_held_by_the_caller_stay_intact(no_differentiable_path):
+    r, n = hvd.rank(), 300_000
+    held = [hvd.allreduce(tf.constant(data(n, call, r)), op=hvd.Sum, name="tf.eager.held") for call in range(6)]
+    for call, y in enumerate(held):
+        np.testing.assert_array_equal(y.numpy(), total(n, call), err_msg=f"rank {r}: result {call} changed")
+
+
+def test_under_a_tape_the_gradient_is_recorded():
+    x = tf.Variable(data(6, 0, hvd.rank()))
+    with tf.GradientTape() as tape:
+        y = hvd.allreduce(x * 1.0, op=hvd.Sum, name="tf.eager.grad")
+        loss = tf.reduce_sum(y * tf.range(6, dtype=tf.float32))
+    grad = tape.gradient(loss, x)
+    np.testing.assert_array_equal(grad.numpy(), hvd.size() * np.arange(6, dtype=np.float32))
+    np.testing.assert_array_equal(y.numpy(), total(6, 0))
