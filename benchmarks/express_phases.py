@@ -95,6 +95,56 @@ class Stamps:
                 "call overhead": t["call"] - t["engine"] - t["describe"], "total": t["call"]}
 
 
+def own_work(nbytes, size):
+    """The path's own work without any wait, in this process: every peer's slot is published already (plain
+    buffers laid out as the window's, see tests/test_native_cycle.py), and one rank fills, publishes and reduces --
+    natively, or with the Python path's own functions. Best of 5 repeats of 2000 (the machine's noise only adds)."""
+    from ringtrain.config import Config
+    from ringtrain.engine import native_cycle
+    from ringtrain.engine.cycle_exchange import _Exchange
+    from ringtrain.ops import ReduceOp, reduce_in_rank_order, scale_into
+    words, cid, n = 16, 3, nbytes // 4
+    exchanges = [_Exchange(p, size, Config(), None, words, 1 << 20, lambda slot, a: slot.__setitem__(
+        slice(None), a.reshape(-1))) for p in range(size)]
+    published = [np.zeros(8, np.int64) for _ in range(size)]
+    buffers = [(np.zeros(exchanges[0].slot_bytes, np.uint8), np.zeros(exchanges[0].slot_bytes, np.uint8))
+               for _ in range(size)]
+    for ex in exchanges:
+        ex._slots = ex._views(buffers)
+    a = np.arange(n, dtype=np.float32)
+    out = np.empty_like(a)
+    for p in range(1, size):
+        for c in (1, 2):
+            exchanges[p]._fill(c, 0, 1 << cid, 1, (cid, a))
+        published[p][0] = 1 << 60
+    native = native_cycle.NativeCycle.open(0, size, exchanges[0]._header_bytes, (4 + 2 * size) * 8,
+                                           [x.ctypes.data for x in published],
+                                           [tuple(b.ctypes.data for b in pair) for pair in buffers])
+    how = native_cycle.reduce_how("float32", ReduceOp.AVERAGE, 1.0 / size, size)
+    mine = exchanges[0]
+    slots = [exchanges[0].eager_data(p, nbytes, np.dtype(np.float32)) for p in range(size)]
+    nothing = native_cycle.library().nothing
+    steps = {
+        "extension call, no work (nothing())": lambda c: nothing(),
+        "one array's address, as ctypes would need it": lambda c: a.__array_interface__["data"][0],
+        "native call, no reduce (11 arguments)": lambda c: native.express(c, 0, cid, 1, a, out, None),
+        "native call: fill, publish, check, reduce, scale": lambda c: native.express(c, 0, cid, 1, a, out, how),
+        "Python: slot fill + copy-in (_fill)": lambda c: mine._fill(c, 0, 1 << cid, 1, (cid, a)),
+        "Python: reduce in rank order + scale": lambda c: reduce_in_rank_order(out, slots, 0, 1.0 / size),
+        "Python: scale alone (ops.scale_into)": lambda c: scale_into(out, out, 1.0 / size),
+    }
+    best = {}
+    for label, step in steps.items():
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for c in range(1, 2001):
+                step(c)
+            us = (time.perf_counter() - t0) / 2000 * 1e6
+            best[label] = min(best.get(label, us), us)
+    native.close()
+    return best
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bytes", type=int, default=4096)
@@ -173,6 +223,9 @@ def main():
         phases[label] = comm.gather(stamps.phases(args.calls), root=0)
     use("native")
 
+    own = own_work(args.bytes, size) if rank == 0 and native is not None else None
+    comm.Barrier()
+
     if rank == 0:
         mpi_rounds = times["MPI_Allreduce"]
         rows = []
@@ -194,6 +247,10 @@ def main():
         text += "\n\n" + format_table(header, prows,
                                       title=f"us per call by phase, each rank (stamped run of {args.calls} calls; "
                                             f"rows exclusive of one another; stamps add ~0.2-0.4 us each)")
+        if own is not None:
+            text += "\n\n" + format_table(["step", "us"], [[k, f"{v:.2f}"] for k, v in own.items()],
+                                           title=f"one rank's own work for one {human_bytes(args.bytes)} cycle, the "
+                                                 f"peers' slots already published (rank 0 alone, best of 5 x 2000)")
         text += (f"\n# commit {source_commit()}; load average at the end: {load[0]:.2f} {load[1]:.2f} "
                  f"{load[2]:.2f}; native cycle {'available' if native is not None else 'NOT available'}")
         print(text, flush=True)

@@ -26,16 +26,20 @@ Bitwise: the C reduce adds element by element in rank order (s0 + s1, then + s2 
 contraction (-ffp-contract=off), and scales in a second pass as ops.scale_into does (float32 by the factor rounded to
 float32; integers divide by N truncating toward zero): the same bits as ops.reduce_in_rank_order on every rank.
 
-Built on first use with the host's C compiler ($CC, else cc) into ringtrain's per-user cache, under a name that
-hashes the source and the command. Not available (RINGTRAIN_NATIVE=0, no compiler, or a build error): the exchange
+A tiny CPython extension module (not ctypes: ctypes needs each array's address from Python, ~1-2 us apiece;
+the module takes the arrays through the buffer protocol), built on first use with the host's C compiler ($CC, else
+cc) against this Python's headers into ringtrain's per-user cache, under a name that hashes the source, the Python
+version and the command. Not available (RINGTRAIN_NATIVE=0, no compiler, or a build error): the exchange
 runs the Python path, which computes the same results.
 """
-import ctypes
 import hashlib
+import importlib.machinery
+import importlib.util
 import logging
 import os
 import shlex
 import sys
+import sysconfig
 import threading
 
 from .. import csrc
@@ -51,17 +55,19 @@ _NATIVE_DTYPES = {"float32": _F32, "float64": _F64, "int32": _I32, "int64": _I64
 _SUM_OPS = (0, 1)        # ReduceOp.AVERAGE, ReduceOp.SUM: both sum, then scale
 
 _lock = threading.Lock()
-_library = None          # the loaded library, or the reason it is not available (a str)
+_module = None           # the loaded extension module, or the reason it is not available (a str)
 
 
 def compiler_command():
-    return shlex.split(os.environ.get("CC", "cc")) + ["-O2", "-std=gnu11", "-ffp-contract=off", "-fno-fast-math",
-                                                      "-shared", "-fPIC", "-w"]
+    return shlex.split(os.environ.get("CC", "cc")) + [
+        "-O3", "-std=gnu11", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC", "-w",
+        "-I" + sysconfig.get_paths()["include"]]
 
 
 def library_path(source_text):
-    digest = hashlib.sha256("\0".join([source_text, sys.platform] + compiler_command()).encode()).hexdigest()[:16]
-    return os.path.join(csrc.cache_dir(), f"express_cycle-{digest}.so")
+    digest = hashlib.sha256("\0".join([source_text, sys.platform, sys.version] + compiler_command())
+                            .encode()).hexdigest()[:16]
+    return os.path.join(csrc.cache_dir(), f"express_cycle-{digest}{sysconfig.get_config_var('EXT_SUFFIX')}")
 
 
 def _load():
@@ -70,27 +76,23 @@ def _load():
         target = library_path(f.read())
     if not os.path.exists(target):
         csrc.build_library(compiler_command(), source, target)
-    library = ctypes.CDLL(target)
-    i64, vp = ctypes.c_int64, ctypes.c_void_p
-    library.rt_ctx_new.restype = vp
-    library.rt_ctx_new.argtypes = [ctypes.c_int, ctypes.c_int, i64, i64, ctypes.POINTER(i64), ctypes.POINTER(i64)]
-    library.rt_ctx_free.restype = None
-    library.rt_ctx_free.argtypes = [vp]
-    library.rt_express.restype = ctypes.c_int
-    library.rt_express.argtypes = [vp, i64, i64, i64, i64, vp, i64, vp, ctypes.c_int, ctypes.c_double, i64, i64]
-    return library
+    loader = importlib.machinery.ExtensionFileLoader("_express_cycle", target)
+    spec = importlib.util.spec_from_file_location("_express_cycle", target, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
 
 
 def library():
-    """The loaded library, or a str saying why it is not available (built once per process, on first use)."""
-    global _library
+    """The compiled module, or a str saying why it is not available (built once per process, on first use)."""
+    global _module
     with _lock:
-        if _library is None:
+        if _module is None:
             try:
-                _library = _load()
-            except Exception as e:          # no compiler, a build error or timeout, a library that will not load
-                _library = f"{type(e).__name__}: {e}"
-        return _library
+                _module = _load()
+            except Exception as e:          # no compiler, a build error or timeout, a module that will not load
+                _module = f"{type(e).__name__}: {e}"
+        return _module
 
 
 def reduce_how(dtype, op, scale, size):
@@ -109,43 +111,31 @@ def reduce_how(dtype, op, scale, size):
     return (code * 2 + 1, scale, 1)
 
 
-def _address(array):
-    return array.__array_interface__["data"][0]
-
-
 class NativeCycle:
     """One rank's handle on the compiled express cycle over one window's slots."""
 
-    def __init__(self, lib, ctx):
-        self._lib, self._ctx = lib, ctx
-        self._call = lib.rt_express
+    def __init__(self, module, ctx):
+        self._ctx = ctx
+        self._call = module.express
 
     @classmethod
     def open(cls, rank, size, header_bytes, bitmap_offset, published, slots):
         """published: each rank's published-word address; slots: each rank's two slot addresses (parity 0, 1).
-        None (logged at DEBUG) when the library is not available."""
-        lib = library()
-        if isinstance(lib, str):
-            log.debug("ringtrain: the native express cycle is not available (%s); the Python path runs", lib)
+        None (logged at DEBUG) when the module is not available."""
+        module = library()
+        if isinstance(module, str):
+            log.debug("ringtrain: the native express cycle is not available (%s); the Python path runs", module)
             return None
-        pub = (ctypes.c_int64 * size)(*published)
-        sl = (ctypes.c_int64 * (2 * size))(*[a for pair in slots for a in pair])
-        ctx = lib.rt_ctx_new(rank, size, header_bytes, bitmap_offset, pub, sl)
-        if not ctx:
-            return None
-        return cls(lib, ctx)
+        ctx = module.ctx_new(rank, size, header_bytes, bitmap_offset, tuple(published),
+                             tuple(a for pair in slots for a in pair))
+        return cls(module, ctx)
 
     def express(self, c, flags, cid, words, array, out, how, spin_s=SPIN_S):
         """Publish cycle c's slot with `array` as eager data, wait (bounded), and reduce into `out` when the
-        snapshot allows (see the module docstring). `array` and `out` must be C-contiguous (the caller checks)."""
+        snapshot allows (see the module docstring). `array` and `out`: C-contiguous buffers of equal length."""
         if how is None:
-            kind, scale, divisor = -1, 1.0, 1
-        else:
-            kind, scale, divisor = how
-        return self._call(self._ctx, c, flags, cid, words, _address(array), array.nbytes, _address(out), kind,
-                          scale, divisor, int(spin_s * 1e9))
+            return self._call(self._ctx, c, flags, cid, words, array, out, -1, 1.0, 1, int(spin_s * 1e9))
+        return self._call(self._ctx, c, flags, cid, words, array, out, how[0], how[1], how[2], int(spin_s * 1e9))
 
     def close(self):
-        if self._ctx is not None:
-            self._lib.rt_ctx_free(self._ctx)
-            self._ctx = None
+        self._ctx = None            # the capsule frees the context when the last reference goes

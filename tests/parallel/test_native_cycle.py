@@ -142,3 +142,30 @@ def test_a_skipped_call_still_stalls_naming_the_rank_and_tensor():
     finally:
         rt.shutdown()
         rt.init()
+
+
+def test_a_strided_out_takes_the_python_cycle(native_outcomes):
+    """A strided output cannot go through the native call (it writes contiguous bytes): such calls take the Python
+    cycle, give the right result and leave the elements between the view's untouched."""
+    size, rank = rt.size(), rt.rank()
+    x = np.arange(32, dtype=np.float32) + rank
+    want = sum(np.arange(32, dtype=np.float32) + r for r in range(size))
+    for i in range(3):
+        y = np.full(64, -1.0, np.float32)
+        rt.allreduce(x, op=rt.Sum, name="native.strided", out=y[::2])
+        np.testing.assert_array_equal(y[::2], want, err_msg=f"rank {rank} call {i}")
+        assert (y[1::2] == -1).all(), f"rank {rank} call {i}: {y}"
+    assert native_outcomes == [], native_outcomes
+
+
+def test_an_async_call_waited_at_once_rides_the_native_cycle(native_outcomes):
+    """A small async allreduce submitted while the engine is idle is held back and run on the waiting thread: that
+    run is the express cycle, native too."""
+    size, rank = rt.size(), rt.rank()
+    x = np.arange(256, dtype=np.float32) + rank
+    want = sum(np.arange(256, dtype=np.float32) + r for r in range(size)) / size
+    for i in range(10):
+        got = rt.allreduce_async(x, name="native.async").wait()
+        np.testing.assert_array_equal(got, want, err_msg=f"rank {rank} call {i}")
+    anywhere = MPI.COMM_WORLD.allreduce(native_outcomes.count(native_cycle.DONE), op=MPI.SUM)
+    assert anywhere >= 1, f"no held-back async call finished in the native cycle on any rank: {native_outcomes}"
