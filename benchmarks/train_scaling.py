@@ -23,6 +23,10 @@ median over rounds is reported:
                         The optimizer's default (overlap=None) picks one by hardware; the record of the mode it
                         picks here says "default": true.
   torch-ddp             torch.nn.parallel.DistributedDataParallel (gloo on CPU, NCCL on GPU)
+  <mode>+metric         (--metric) beside each ringtrain mode, the same mode also averaging the step's loss over
+                        the ranks as a metric, the way training scripts log one: hvd.allreduce(loss.detach()),
+                        unnamed and out of place, once per step. Interleaved in the same rounds as the mode without
+                        it, so the two are a same-run A/B; metric_ms is the call's own time inside the step
   horovod               horovod.torch.DistributedOptimizer, only where Horovod is installed (a benchmark peer, never
                         a dependency: benchmarks/build_horovod_peer.sh builds it into a venv of its own; run this
                         script with that venv's python). It is initialised for its own rounds only, so its
@@ -56,6 +60,7 @@ sys.path.append(REPO_ROOT)   # run from a source checkout without pip install
 MODES = ("no-comm", "lockstep", "ringtrain-after-backward", "ringtrain-overlap", "torch-ddp", "horovod")
 LOCAL_MODES = ("no-comm", "lockstep")   # no gradient traffic: each rank trains its own copy of the model
 RINGTRAIN_OVERLAP = {"ringtrain-after-backward": False, "ringtrain-overlap": True}
+METRIC = "+metric"           # a mode's twin that also averages a scalar metric every step (--metric)
 MODELS = ("convnet", "mlp", "resnet18")
 DEFAULT_MODELS = ("convnet", "mlp")
 MLP_BLOCKS = 100             # 4 tensors per block + the head's 2: 402 gradient tensors at any width
@@ -307,6 +312,7 @@ def train_mode(mode, model_name, width, args, torch, comm, inputs, labels, bindi
 
     from ringtrain.torch.gradient_hooks import default_overlap
 
+    mode, metric = mode.removesuffix(METRIC), mode.endswith(METRIC)
     if mode == "horovod":
         hvd.init()   # its background thread runs for Horovod's own rounds only
     torch.manual_seed(0)
@@ -325,6 +331,7 @@ def train_mode(mode, model_name, width, args, torch, comm, inputs, labels, bindi
     if mode == "horovod":
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named)
     loss_fn = torch.nn.CrossEntropyLoss()
+    metric_s = [0.0]
 
     def step():
         optimizer.zero_grad()
@@ -334,11 +341,16 @@ def train_mode(mode, model_name, width, args, torch, comm, inputs, labels, bindi
         if mode == "lockstep":
             comm.Barrier()   # where a synchronous method reduces the gradients: wait for the slowest rank
         optimizer.step()
+        if metric:           # the mean loss over the ranks, as a training script logs it
+            metric_start = time.perf_counter()
+            binding.allreduce(loss.detach())
+            metric_s[0] += time.perf_counter() - metric_start
         return backward_end
 
     for _ in range(args.warmup):
         step()
     recorder.take()
+    metric_s[0] = 0.0
     hidden = total_comm = 0.0
     after_backward = compute = 0.0
     comm.Barrier()
@@ -366,7 +378,7 @@ def train_mode(mode, model_name, width, args, torch, comm, inputs, labels, bindi
     if mode == "horovod":
         hvd.shutdown()
     ranks = comm.Get_size()
-    result = {"mode": mode, "ranks": ranks, "step_ms": 1e3 * elapsed / args.steps,
+    result = {"mode": mode + (METRIC if metric else ""), "ranks": ranks, "step_ms": 1e3 * elapsed / args.steps,
               "samples_per_s_per_rank": args.batch * args.steps / elapsed,
               "samples_per_s_total": ranks * args.batch * args.steps / elapsed,
               "after_backward_ms": 1e3 * after_backward / args.steps,
@@ -379,6 +391,8 @@ def train_mode(mode, model_name, width, args, torch, comm, inputs, labels, bindi
               "page_faults_per_step": comm.allreduce(faults, op=MPI.SUM) / ranks / args.steps,
               # every distributed mode must leave the same weights on every rank
               "params_in_sync": mode in LOCAL_MODES or ranks == 1 or len(set(checksums)) == 1}
+    if metric:
+        result["metric_ms"] = 1e3 * comm.allreduce(metric_s[0], op=MPI.SUM) / ranks / args.steps
     if mode.startswith("ringtrain"):
         # only asynchronous allreduces have handles with times: after backward, none (and nothing is hidden)
         result["allreduce_ms_per_step"] = 1e3 * total_comm / ranks / args.steps if total_comm > 0 else None
@@ -473,6 +487,32 @@ def print_report(records, jobs, rounds):
                   f"zero_grad+forward+backward, after_bwd_ms = the rest of the step (means over ranks)"))
         print()
     print(target_table(records))
+    if any(r["mode"].endswith(METRIC) for r in records):
+        print()
+        print(metric_table(records))
+
+
+def metric_table(records):
+    """What averaging one scalar metric per step costs each mode that ran with and without it: the call's own time
+    inside the step as a share of the step without it, and the step times of the two twins (same rounds)."""
+    rows = []
+    for r in records:
+        if not r["mode"].endswith(METRIC) or "skipped" in r:
+            continue
+        base = next((b for b in records if (b["model"], b["ranks"], b["mode"]) ==
+                     (r["model"], r["ranks"], r["mode"].removesuffix(METRIC)) and "skipped" not in b), None)
+        if base is None:
+            continue
+        # per round: samples/s without over with (the twins ran back to back), median over rounds
+        paired = sorted(b / m for b, m in zip(base["rounds"], r["rounds"]))
+        rows.append([r["model"], r["ranks"], base["mode"], f"{base['step_ms']:.2f}", f"{r['step_ms']:.2f}",
+                     f"{1e3 * r['metric_ms']:.1f}", f"{100 * r['metric_ms'] / base['step_ms']:.2f}%",
+                     f"{100 * (common.median(paired) - 1):+.1f}%"])
+    return common.format_table(
+        ["model", "ranks", "mode", "step_ms", "step_ms+metric", "metric_us", "metric_share", "paired_step_change"],
+        rows, title="a scalar metric averaged every step (hvd.allreduce(loss.detach()), unnamed, out of place): "
+                    "metric_us = the call's own time per step (mean over ranks), metric_share = that over the step "
+                    "without it; paired_step_change = median over rounds of the step time with it over without it")
 
 
 def target_table(records):
@@ -554,6 +594,8 @@ def parse_args(argv=None):
     parser.add_argument("--warmup", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=None, help="repetitions of every mode; median is reported")
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--metric", action="store_true",
+                        help="beside each ringtrain mode, its twin that also averages the loss as a metric each step")
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS), help=f"from {','.join(MODELS)}")
     parser.add_argument("--job-timeout", type=float, default=None, help="seconds per mpiexec job")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -568,7 +610,11 @@ def parse_args(argv=None):
     args.warmup = args.warmup or (2 if quick else 5)
     args.rounds = args.rounds or (1 if quick else 3)
     args.job_timeout = args.job_timeout or (100 if quick else 900)
-    for option, chosen, known in (("modes", args.modes, MODES), ("models", args.models, MODELS)):
+    if args.metric:
+        args.modes = ",".join(m + twin for m in args.modes.split(",")
+                              for twin in (("", METRIC) if m in RINGTRAIN_OVERLAP else ("",)))
+    metric_modes = tuple(m + METRIC for m in RINGTRAIN_OVERLAP)
+    for option, chosen, known in (("modes", args.modes, MODES + metric_modes), ("models", args.models, MODELS)):
         unknown = set(chosen.split(",")) - set(known)
         if unknown:
             parser.error(f"unknown {option} {sorted(unknown)}; choose from {list(known)}")

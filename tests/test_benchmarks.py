@@ -483,3 +483,36 @@ def test_elastic_steps_quick(tmp_path):
                                  "1MB bcast")}, out
     rows = [line.split() for line in out.splitlines()[1:]]
     assert len(rows) == 14 and all(row[-3:] == ["0", "0", "0"] for row in rows), out
+
+
+def test_api_latency_quick_measures_every_form_beside_mpi(tmp_path):
+    """benchmarks/api_latency.py: every form at 2 ranks, numpy-equal (#wrong 0), with its ratio to MPI_Allreduce
+    and to the in-place call of the same size in the same round (a smoke run: two sizes, few calls)."""
+    if mpiexec() is None:
+        pytest.skip("mpiexec not found")
+    pytest.importorskip("torch")
+    out_json = str(tmp_path / "api.json")
+    stdout = run_script([mpiexec(), "-n", "2", sys.executable, os.path.join(BENCH_DIR, "api_latency.py"), "--quick",
+                         "--sizes", "4096,262144", "--json", out_json], timeout=120)
+    with open(out_json) as f:
+        records = json.load(f)["records"]
+    forms = {r["form"] for r in records}
+    assert forms == {"in_place", "out_of_place", "unnamed", "async_wait", "async_wait_", "grouped", "scalar", "numpy",
+                     "MPI_Allreduce"}, forms
+    for r in records:
+        assert r["wrong"] == 0, r
+        assert r["time_us"] > 0 and r["x_mpi"] > 0 and r["faults_per_call"] >= 0, r
+        assert (r["x_in_place"] is None) == (r["form"] == "scalar"), r
+    assert {r["bytes"] for r in records if r["form"] == "out_of_place"} == {4096, 262144}
+    assert "x_in_place" in stdout and "faults" in stdout
+
+
+def test_train_scaling_metric_twins_and_their_table():
+    args = train_scaling.parse_args(["--metric", "--modes", "no-comm,ringtrain-overlap,torch-ddp"])
+    assert args.modes == "no-comm,ringtrain-overlap,ringtrain-overlap+metric,torch-ddp"
+    records = [{"model": "mlp", "ranks": 2, "mode": "ringtrain-overlap", "step_ms": 10.0, "rounds": [100.0, 90.0]},
+               {"model": "mlp", "ranks": 2, "mode": "ringtrain-overlap+metric", "step_ms": 10.1, "metric_ms": 0.05,
+                "rounds": [99.0, 90.0]}]
+    row = [line.split() for line in train_scaling.metric_table(records).splitlines() if line.startswith("  mlp")]
+    # the call's own 50 us is 0.50% of the 10 ms step; per round 100/99 and 90/90: median +0.5%
+    assert row == [["mlp", "2", "ringtrain-overlap", "10.00", "10.10", "50.0", "0.50%", "+0.5%"]], row
