@@ -68,6 +68,21 @@ def test_every_mutant_target_occurs_exactly_once():
     assert not stale, "stale mutants (plant the same bug in the code as it is now):\n" + "\n".join(stale)
 
 
+def test_every_mutant_still_compiles():
+    """A mutant that no longer compiles (the code around its target changed) is reported INVALID, never run."""
+    broken = []
+    for m in mutants.MUTANTS:
+        if not m.path.endswith(".py"):
+            continue
+        with open(os.path.join(REPO, m.path), encoding="utf-8") as f:
+            text = f.read()
+        try:
+            compile(text.replace(m.old, m.new), m.path, "exec")
+        except SyntaxError as error:
+            broken.append(f"{m.name}: {m.path} line {error.lineno}: {error.msg}")
+    assert not broken, "mutants whose planted file does not compile:\n" + "\n".join(broken)
+
+
 def test_the_sample_is_fixed_by_the_seed_and_keeps_to_its_budget():
     cheap = [mutants.Mutant(f"m{i}", "p", "a", "b", (mutants.Tests(("t",)),)) for i in range(20)]
     costly = [mutants.Mutant(f"j{i}", "p", "a", "b", (mutants.Tests(("t",), ranks=2),)) for i in range(5)]

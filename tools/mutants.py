@@ -258,7 +258,7 @@ MUTANTS = [
     Mutant("optimizer_trigger_ignores_the_passes", "ringtrain/reducer/reducer.py",
            "return (len(bucket.arrivals) == self.passes_per_step * len(bucket.members)",
            "return (len(bucket.arrivals) >= len(bucket.members)",
-           (Tests(("tests/parallel/test_torch_optimizer.py",), ranks=2, select="concatenated_batch and overlap"),),
+           (Tests(("tests/test_reducer.py",), select="pass_counting"),),
            "with backward_passes_per_step=2 a bucket goes out after the first pass"),
     Mutant("reducer_pass_counter_off_by_one", "ringtrain/reducer/reducer.py",
            "return (len(bucket.arrivals) == self.passes_per_step * len(bucket.members)",
@@ -560,7 +560,7 @@ MUTANTS = [
     # ---- bounded caches with agreed eviction
     Mutant("cache_view_keeps_evicted_names", "ringtrain/engine/response_cache.py",
            "            if old is not None and ids.get(old) == cid:\n                del ids[old]\n",
-           "",
+           "            if old is not None and ids.get(old) == cid:\n                pass\n",
            (Tests((CHURN,), ranks=2, select="comes_back"),),
            "a rank still maps an evicted name to its old id, which now names another collective"),
     Mutant("cache_evicts_the_most_recently_used", "ringtrain/engine/response_cache.py",
