@@ -25,15 +25,16 @@ KILL_POINTS = ("before", "backward", "in_step", "after_step", "timer")
 
 
 def draw(workers, last_step=None):
-    """(seed, kill rank, kill step, kill point): the step among the first world's full steps, past the first (up
-    to `last_step`)."""
+    """(seed, kill rank, kill step, kill point, optimizer): the step among the first world's full steps, past the
+    first (up to `last_step`); the optimizer SGD with momentum or Adam (so both run at every size over runs)."""
     seed = int(os.environ.get("RINGTRAIN_TEST_SEED", random.SystemRandom().randrange(1 << 30)))
     rng = random.Random(seed)
     steps = 48 // 2 // workers
     point = rng.choice(KILL_POINTS)
     if point == "timer":
         point = f"timer:{rng.uniform(0.0, 0.012):.4f}"
-    return seed, rng.randrange(workers), rng.randrange(1, min(steps - 1, last_step or steps)), point
+    step = rng.randrange(1, min(steps - 1, last_step or steps))
+    return seed, rng.randrange(workers), step, point, rng.choice(("sgd", "adam"))
 
 
 def replay(history, optimizer_name):
@@ -81,15 +82,15 @@ def check_against_replay(job, optimizer_name):
 
 
 def test_lossless_kill_at_a_random_moment_equals_the_replay_of_what_was_trained(tmp_path):
-    """3 workers, SGD with momentum, no commit(): a killed worker costs at most the step in flight (the first
+    """3 workers, SGD with momentum or Adam (drawn), no commit(): a killed worker costs at most the step in flight (the first
     world's completed steps are all in the final trajectory), the samples no completed step consumed are dealt
     again (reported), and a worker that joins afterwards (the host's cooldown over) takes the whole state:
     parameters, optimizer state and steps. The discovery script fails once and prints garbage once meanwhile."""
     workers = 3
     # in the first half of the epoch: the smaller world then has steps enough to agree on the joiner (the news
     # reaches the ranks at a step, its check is read a step later, the interrupt is raised at the next step)
-    seed, rank, step, point = draw(workers, last_step=4)
-    print(f"draw: RINGTRAIN_TEST_SEED={seed}: rank {rank} killed in step {step} at {point}")
+    seed, rank, step, point, optimizer = draw(workers, last_step=4)
+    print(f"draw: RINGTRAIN_TEST_SEED={seed}: rank {rank} killed in step {step} at {point}; {optimizer}")
     # the discovery script fails on its 3rd call and prints garbage on its 4th: the driver keeps the last host list
     calls = tmp_path / "calls"
     script = tmp_path / "discover.sh"
@@ -100,7 +101,7 @@ def test_lossless_kill_at_a_random_moment_equals_the_replay_of_what_was_trained(
     script.chmod(0o755)
     job = run_elastic("-np", str(workers), "--min-np", str(workers - 1), "--max-np", str(workers),
                       "--host-discovery-script", str(script), "--blacklist-cooldown-range", "1", "1",
-                      script="train_lossless.py", OPTIMIZER="sgd", KILL_RANK=rank, KILL_STEP=step,
+                      script="train_lossless.py", OPTIMIZER=optimizer, KILL_RANK=rank, KILL_STEP=step,
                       KILL_AT=point, JOIN=1)
     assert job.returncode == 0, job
     assert f"rank {rank}: KILLED" in job.output, job
@@ -109,25 +110,51 @@ def test_lossless_kill_at_a_random_moment_equals_the_replay_of_what_was_trained(
     assert re.search(r"discover\.sh' exited with code 3: boom; keeping the last host list", job.output), job
     assert re.search(r"'not a host line' is not 'hostname' or 'hostname:slots'; keeping the last host list",
                      job.output), job
-    history = check_against_replay(job, "sgd")
+    history = check_against_replay(job, optimizer)
+    check_lossless(job, history, workers, step, point, redealt_in=workers - 1)
+
+
+@pytest.mark.parametrize("shard, workers", [("optimizer", 3), ("gradients", 4)])
+def test_lossless_sharded_optimizer_kill_at_a_random_moment_equals_the_replay(tmp_path, shard, workers):
+    """A sharded optimizer: no rank holds the whole optimizer state, each rank's shard is also kept (and updated
+    every step) on its ring neighbour. A worker SIGKILLed at a random moment loses no state: the survivors rebuild
+    their new shards from the shards and the copies, and the final parameters and optimizer state (consolidated)
+    equal the replay. At 3 workers a worker joins afterwards and takes its shard too."""
+    seed, rank, step, point, optimizer = draw(workers, last_step=4 if workers == 3 else None)
+    print(f"draw: RINGTRAIN_TEST_SEED={seed}: rank {rank} killed in step {step} at {point}; {optimizer}")
+    args = ["-np", str(workers), "--min-np", str(workers - 1), "--max-np", str(workers)]
+    env = {}
+    if workers == 3:
+        script = tmp_path / "discover.sh"
+        script.write_text(f"#!/bin/sh\necho localhost:{workers}\n")
+        script.chmod(0o755)
+        args += ["--host-discovery-script", str(script), "--blacklist-cooldown-range", "1", "1"]
+        env["JOIN"] = 1
+    job = run_elastic(*args, script="train_lossless.py", OPTIMIZER=optimizer, SHARD=shard, KILL_RANK=rank,
+                      KILL_STEP=step, KILL_AT=point, **env)
+    assert job.returncode == 0, job
+    assert f"rank {rank}: KILLED" in job.output and f"world 2: {workers - 1} workers" in job.output, job
+    if workers == 3:
+        assert re.search(rf"world 3: {workers} workers; joined: localhost\[{rank}\]", job.output), job
+    history = check_against_replay(job, optimizer)
     check_lossless(job, history, workers, step, point, redealt_in=workers - 1)
 
 
 def test_lossless_two_deaths_at_once_then_one_during_the_sync(tmp_path):
-    """4 workers, Adam, no commit(): two workers SIGKILLed at the same random moment of a random step, then, in
+    """4 workers, SGD with momentum or Adam (drawn), no commit(): two workers SIGKILLed at the same random moment of a random step, then, in
     the world of the 2 survivors, one of them dies half way through the sync (after the parameters were handed
     over, before the optimizer state): the last one goes on from a whole state and ends equal to the replay."""
     workers = 4
-    seed, rank, step, point = draw(workers)
+    seed, rank, step, point, optimizer = draw(workers)
     pair = (rank, (rank + 1) % workers)
-    print(f"draw: RINGTRAIN_TEST_SEED={seed}: ranks {pair} killed in step {step} at {point}")
-    job = run_elastic("-np", str(workers), "--min-np", "1", script="train_lossless.py", OPTIMIZER="adam",
+    print(f"draw: RINGTRAIN_TEST_SEED={seed}: ranks {pair} killed in step {step} at {point}; {optimizer}")
+    job = run_elastic("-np", str(workers), "--min-np", "1", script="train_lossless.py", OPTIMIZER=optimizer,
                       KILL_RANK=f"{pair[0]},{pair[1]}", KILL_STEP=step, KILL_AT=point, SYNC_KILL=1)
     assert job.returncode == 0, job
     assert all(f"rank {r}: KILLED at" in job.output for r in pair), job
     assert "world 2: 2 workers" in job.output and "world 3: 1 workers" in job.output, job
     assert re.search(r"^rank \d: KILLED in sync", job.output, re.M), job
-    history = check_against_replay(job, "adam")
+    history = check_against_replay(job, optimizer)
     check_lossless(job, history, workers, step, point, redealt_in=1)
 
 

@@ -282,3 +282,28 @@ def test_the_driver_channel_hands_over_what_came_with_the_hello_and_sees_a_close
     channel.drop(worker)
     assert not channel.send(worker, "world")                 # dropped: unreachable, no exception
     channel.close()
+
+
+def test_a_sharded_optimizers_old_shards_are_cut_into_a_new_worlds_shards():
+    """What a new world's ranks assemble from the old world's pieces (its owners' or their neighbours' copies):
+    every new piece's elementwise state equals the slice of the whole, at any old and new number of ranks; the
+    per-parameter scalars (the step) come along."""
+    import torch
+
+    from ringtrain.reducer.sharding import ShardPlan
+    from ringtrain.torch.elastic_shards import _cut, _Part
+    numels, buckets = [6, 2, 5], [[0, 1], [2]]
+    whole = [torch.arange(n, dtype=torch.float64) + 10 * i for i, n in enumerate(numels)]
+    for old_size, new_size in ((3, 2), (2, 4), (4, 1)):
+        parts = {i: [] for i in range(len(numels))}
+        for r in range(old_size):
+            for piece in ShardPlan(numels, buckets, old_size).pieces(r):
+                chunk = whole[piece.param][piece.start:piece.start + piece.length]
+                parts[piece.param].append(_Part(piece.start, piece.length, {
+                    "step": torch.tensor(7.0), "exp_avg": chunk.clone(), "exp_avg_sq": chunk * 2}))
+        for r in range(new_size):
+            pieces = ShardPlan(numels, buckets, new_size).pieces(r)
+            for piece, entry in zip(pieces, _cut(pieces, parts)):
+                want = whole[piece.param][piece.start:piece.start + piece.length]
+                assert torch.equal(entry["exp_avg"], want) and torch.equal(entry["exp_avg_sq"], want * 2)
+                assert float(entry["step"]) == 7.0

@@ -774,6 +774,12 @@ MUTANTS = [
            "        self.sync_from(0)\n",
            (Tests((ELASTIC_PIECES,), select="furthest_rank"),),
            "lossless sync() takes rank 0's state even when another survivor completed one step more"),
+    Mutant("elastic_backup_shard_not_updated", "ringtrain/torch/elastic_shards.py",
+           "        self.copy.step()\n",
+           "        pass\n",
+           (Tests((ELASTIC_LOSSLESS,), select="sharded and gradients"),),
+           "the copy of the neighbour's shard is not stepped: when that neighbour dies its shard comes back from a "
+           "stale copy (old optimizer state and parameters)"),
     Mutant("elastic_steps_not_counted", "ringtrain/torch/elastic_state.py",
            "            self.steps += 1\n",
            "",

@@ -72,6 +72,10 @@ class HostCheck:
         except HorovodInternalError as error:
             self._held = error
 
+    def hold(self, error):
+        if self._held is None:
+            self._held = error
+
     def boundary(self):
         """Where a step begins (or at a commit): raise what the last check decided, on every rank alike."""
         if self._held is not None:

@@ -86,6 +86,11 @@ class State:
         if not self.rollback:
             self._host_check.step_done()
 
+    def hold(self, error):
+        """Raise `error` at the next step boundary instead of now (a step that completed here met it after its
+        update)."""
+        self._host_check.hold(error)
+
     def drop_held(self):
         """Forget what the step-boundary check holds (training ended before the next boundary)."""
         self._host_check.reset()

@@ -9,6 +9,10 @@ decided); sync() hands the live parameters, optimizer state, samplers and attrib
 that completed the most steps to the rest. Nothing is copied per step. Roll-back mode (Horovod's): commit() keeps
 deep copies of the model's and optimizer's state_dict (and the samplers' state) in memory; restore() loads them back
 (bit for bit); sync() broadcasts rank 0's state and commits it.
+
+A sharded optimizer (DistributedOptimizer(..., shard="optimizer" or "gradients")) works in lossless mode: each
+rank's shard is also kept, updated every step, on its ring neighbour, and a new world rebuilds its shards from the
+survivors' (ringtrain/torch/elastic_shards.py). Roll-back mode refuses it (no rank has a whole state to copy).
 """
 import copy
 import functools
@@ -18,6 +22,8 @@ import torch
 from ..core import collectives
 from ..elastic.sampler import ElasticSampler
 from ..elastic.state import ObjectState
+from ..errors import HorovodInternalError
+from .elastic_shards import ShardBackup, is_sharded
 
 
 class _ModelHandler:
@@ -51,11 +57,15 @@ class _OptimizerHandler(_ModelHandler):
 
         @functools.wraps(inner)
         def step(*args, **kwargs):
-            result = inner(*args, **kwargs)
+            result = self.call_step(inner, args, kwargs)
             self.steps += 1
             state.step_done()
             return result
         optimizer.step = step
+
+    @staticmethod
+    def call_step(inner, args, kwargs):
+        return inner(*args, **kwargs)
 
     def sync(self, root):
         from .broadcast import broadcast_optimizer_state
@@ -66,6 +76,45 @@ class _OptimizerHandler(_ModelHandler):
         hooks = getattr(self.value, "_ringtrain", None)
         if hooks is not None and hasattr(hooks, "restart"):
             hooks.restart()
+
+
+class _ShardedOptimizerHandler(_OptimizerHandler):
+    """A sharded optimizer (DistributedOptimizer(..., shard=...)): its shards and their copies on the ring
+    neighbours (ShardBackup) are what a new world rebuilds its shards from; lossless mode only."""
+
+    def __init__(self, optimizer, state):
+        self.backup = ShardBackup(optimizer)
+        self.state = state
+        super().__init__(optimizer, state)
+
+    def call_step(self, inner, args, kwargs):
+        if self.backup.held is not None:       # a new world that skipped sync (workers only left)
+            self.backup.restore(None, self.steps)
+        before = self.backup.updates
+        try:
+            return inner(*args, **kwargs)
+        except HorovodInternalError as error:
+            if self.backup.updates == before:
+                raise
+            # the shard and its copy were updated; only the parameter allgather failed: the step is done here,
+            # and the error waits for the next step boundary (the new world rebuilds the parameters from shards)
+            self.state.hold(error)
+            return None
+
+    def save(self):
+        if getattr(self.state, "rollback", False):
+            raise ValueError("roll-back mode (run(rollback=True)) keeps whole copies of the optimizer state, which a "
+                             "sharded optimizer (DistributedOptimizer(..., shard=...)) does not have on any rank: use "
+                             "the default lossless mode")
+
+    def restore(self):
+        self.save()
+
+    def sync(self, root):
+        self.backup.restore(root, self.steps)
+
+    def reset(self):
+        self.backup.world_changed()
 
 
 class _SamplerHandler(_ModelHandler):
@@ -86,7 +135,7 @@ def _handler_for(value, state):
     if isinstance(value, torch.nn.Module):
         return _ModelHandler(value, state)
     if isinstance(value, torch.optim.Optimizer):
-        return _OptimizerHandler(value, state)
+        return (_ShardedOptimizerHandler if is_sharded(value) else _OptimizerHandler)(value, state)
     if isinstance(value, ElasticSampler):
         return _SamplerHandler(value, state)
     return None

@@ -53,6 +53,7 @@ import torch
 from ringtrain import host_memory
 from ringtrain.errors import RingtrainError, TensorMismatchError
 from ringtrain.reducer.model_check import describe_model_mismatch
+from ringtrain.core import state as core_state
 from ringtrain.core.process_sets import global_process_set
 from ringtrain.reducer.reducer import Collective, Reducer, Scaling, instance_prefix, plan_buckets
 from ringtrain.reducer.sharding import ShardPlan
@@ -185,7 +186,13 @@ class _Sharding:
         if overlap is None:
             # stage 2 frees each bucket's gradients as it is reduced: that needs the reduction during backward
             overlap = True if stage == 2 else default_overlap(self.params, functions.local_size())
-        overlap = self._check_same_model(all_params, overlap)
+        if not core_state.config().elastic:
+            # a collective: not in an elastic job, where a worker that joins builds its optimizer while the others
+            # train (as DistributedOptimizer's GradientHooks)
+            overlap = self._check_same_model(all_params, overlap)
+        # what a new world's plan needs again (ringtrain/torch/elastic_shards.py)
+        self.settings = dict(scaling=scaling, compression=compression, passes=backward_passes_per_step,
+                             overlap=overlap, in_forward=gather_parameters == "forward")
 
         # the reducer's bucket rule, in backward order (last layers' gradients are final first); a large parameter
         # alone is reduced and gathered in place

@@ -7,7 +7,8 @@ state; the test (tests/test_elastic_lossless.py) replays the history in one proc
 own samples, averaged over that step's world size, one optimizer step -- and compares, and checks that the history
 trains every sample exactly once.
 
-Lossless mode (the default) has no commit() here at all. ROLLBACK=1 runs Horovod's roll-back mode with a commit
+Lossless mode (the default) has no commit() here at all. SHARD=optimizer or gradients: a sharded optimizer
+(DistributedOptimizer(..., shard=SHARD)); the final optimizer state is then consolidated on rank 0. ROLLBACK=1 runs Horovod's roll-back mode with a commit
 every COMMIT_EVERY steps.
 Environment: KILL_RANK=r[,r2...] KILL_STEP=s KILL_AT=where: in the first world, rank r (each listed) SIGKILLs
 itself in step s --
@@ -48,6 +49,7 @@ KILL_STEP = int(os.environ.get("KILL_STEP", "-1"))
 KILL_AT = os.environ.get("KILL_AT", "before")
 ROLLBACK = os.environ.get("ROLLBACK") == "1"
 COMMIT_EVERY = int(os.environ.get("COMMIT_EVERY", "2"))
+SHARD = os.environ.get("SHARD") or None
 
 faulthandler.register(signal.SIGUSR1)      # a hung worker's stack: kill -USR1 <pid>
 hvd.init()
@@ -79,7 +81,7 @@ def loss_on(model, x, y, indices):
 X, Y = data()
 model = make_model()
 optimizer = hvd.DistributedOptimizer(make_optimizer(model.parameters(), OPTIMIZER),
-                                     named_parameters=model.named_parameters(), op=hvd.Average)
+                                     named_parameters=model.named_parameters(), op=hvd.Average, shard=SHARD)
 sampler = hvd.elastic.ElasticSampler(list(range(N)), shuffle=True, seed=5)
 state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, history=[], first_size=hvd.size())
 attempted = set()        # every rank's samples of each step this process began, since train() last started
@@ -117,7 +119,11 @@ def in_step_kill(opt, args, kwargs):
 
 
 current = {"batch": -1}
-optimizer.register_step_pre_hook(in_step_kill)
+if SHARD is None:
+    optimizer.register_step_pre_hook(in_step_kill)
+else:       # (a sharded optimizer's step does not run torch's step hooks)
+    sharded_step = optimizer._ringtrain.step
+    optimizer._ringtrain.step = lambda: (in_step_kill(None, None, None), sharded_step())[1]
 
 
 def die_during_the_second_sync():
@@ -200,20 +206,32 @@ def train(state):
             state.commit()
 
 
-def digest():
+def optimizer_states():
+    """Each parameter's optimizer state (a sharded optimizer's consolidated: collective), on rank 0."""
+    if SHARD is None:
+        return [optimizer.state[p] for p in model.parameters()]
+    optimizer.consolidate_state_dict(0)
+    if hvd.rank() != 0:
+        return None
+    whole = optimizer.state_dict()["state"]
+    return [whole.get(i, {}) for i in range(len(list(model.parameters())))]
+
+
+def digest(states):
+    """Of the parameters and (unsharded: every rank's own) optimizer state."""
     h = hashlib.sha256()
     for p in model.parameters():
         h.update(p.detach().numpy().tobytes())
-    for p in model.parameters():
-        for key, value in sorted(optimizer.state[p].items()):
+    for entry in (states if SHARD is None else []):
+        for key, value in sorted(entry.items()):
             h.update(key.encode() + (value.numpy().tobytes() if torch.is_tensor(value) else repr(value).encode()))
     return h.hexdigest()[:16]
 
 
 train(state)
-say(f"FINAL size={hvd.size()} digest={digest()}")
+states = optimizer_states()
+say(f"FINAL size={hvd.size()} digest={digest(states)}")
 if hvd.rank() == 0:
-    optimizer_state = [{k: (v.tolist() if torch.is_tensor(v) else v) for k, v in optimizer.state[p].items()}
-                       for p in model.parameters()]
+    optimizer_state = [{k: (v.tolist() if torch.is_tensor(v) else v) for k, v in entry.items()} for entry in states]
     say("REFERENCE " + json.dumps({"history": state.history, "params": [p.tolist() for p in model.parameters()],
                                    "optimizer": optimizer_state}))
