@@ -119,11 +119,13 @@ def test_lossless_sharded_optimizer_kill_at_a_random_moment_equals_the_replay(tm
     """A sharded optimizer: no rank holds the whole optimizer state, each rank's shard is also kept (and updated
     every step) on its ring neighbour. A worker SIGKILLed at a random moment loses no state: the survivors rebuild
     their new shards from the shards and the copies, and the final parameters and optimizer state (consolidated)
-    equal the replay. At 3 workers a worker joins afterwards and takes its shard too."""
+    equal the replay. At 3 workers a worker joins afterwards and takes its shard too. At 4, another worker (not the
+    first one's neighbour) dies while the next world forms: the world is planned again without it, and the 2
+    survivors rebuild the 4 shards."""
     seed, rank, step, point, optimizer = draw(workers, last_step=4 if workers == 3 else None)
     print(f"draw: RINGTRAIN_TEST_SEED={seed}: rank {rank} killed in step {step} at {point}; {optimizer}")
-    args = ["-np", str(workers), "--min-np", str(workers - 1), "--max-np", str(workers)]
-    env = {}
+    args = ["-np", str(workers), "--min-np", str(2), "--max-np", str(workers)]
+    env = {"FORM_KILL": (rank + 2) % workers} if workers == 4 else {}
     if workers == 3:
         script = tmp_path / "discover.sh"
         script.write_text(f"#!/bin/sh\necho localhost:{workers}\n")
@@ -133,11 +135,15 @@ def test_lossless_sharded_optimizer_kill_at_a_random_moment_equals_the_replay(tm
     job = run_elastic(*args, script="train_lossless.py", OPTIMIZER=optimizer, SHARD=shard, KILL_RANK=rank,
                       KILL_STEP=step, KILL_AT=point, **env)
     assert job.returncode == 0, job
-    assert f"rank {rank}: KILLED" in job.output and f"world 2: {workers - 1} workers" in job.output, job
+    assert f"rank {rank}: KILLED at" in job.output and f"world 2: {workers - 1} workers" in job.output, job
     if workers == 3:
         assert re.search(rf"world 3: {workers} workers; joined: localhost\[{rank}\]", job.output), job
+    else:
+        assert f"rank {(rank + 2) % workers}: KILLED while world 2 formed" in job.output, job
+        assert re.search(r"before world 2 formed .*; planning again with the 2 others", job.output), job
+        assert "world 3: 2 workers" in job.output, job
     history = check_against_replay(job, optimizer)
-    check_lossless(job, history, workers, step, point, redealt_in=workers - 1)
+    check_lossless(job, history, workers, step, point, redealt_in=2)
 
 
 def test_lossless_two_deaths_at_once_then_one_during_the_sync(tmp_path):

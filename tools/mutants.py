@@ -780,6 +780,12 @@ MUTANTS = [
            (Tests((ELASTIC_LOSSLESS,), select="sharded and gradients"),),
            "the copy of the neighbour's shard is not stepped: when that neighbour dies its shard comes back from a "
            "stale copy (old optimizer state and parameters)"),
+    Mutant("elastic_formation_goes_before_every_worker_answered", "ringtrain/launch/elastic_driver.py",
+           '            if len(self.forming["answered"]) == len(self.forming["members"]):\n',
+           '            if self.forming["answered"]:\n',
+           (Tests((ELASTIC_LOSSLESS,), select="sharded and gradients"),),
+           "the formation barrier lets the workers into MPI at the first answer: a worker that dies before answering "
+           "leaves the others blocked in MPI's Accept and the job ends"),
     Mutant("elastic_steps_not_counted", "ringtrain/torch/elastic_state.py",
            "            self.steps += 1\n",
            "",

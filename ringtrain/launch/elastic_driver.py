@@ -180,6 +180,14 @@ class ElasticDriver:
             if (worker.generation is None and not worker.removed and self.world and self.forming is None
                     and not self.finishing):
                 self._announce(worker)
+        elif op == "planned" and self.forming is not None and message["generation"] == self.generation:
+            self.forming["answered"].add(worker)
+            if len(self.forming["answered"]) == len(self.forming["members"]):
+                for member in self.forming["members"]:
+                    self._send(member, "go")
+                self.forming["started"] = True
+                if len(self.forming["members"]) == 1:
+                    self._formed()
         elif op == "port" and self.forming is not None:
             self.forming["port"] = message["port"]
             self._connect_next()
@@ -231,8 +239,11 @@ class ElasticDriver:
         in_world = worker in self.world
         where = f" (rank {worker.rank} of world {self.generation})" if in_world else " before joining a world"
         if self.forming is not None and worker in self.forming["members"]:
-            raise ElasticJobError(f"worker {worker.label()} {how} while world {self.generation + 1} was being "
-                                  f"formed; the other workers are blocked in MPI's Accept")
+            if self.forming["started"]:
+                raise ElasticJobError(f"worker {worker.label()} {how} while world {self.generation} was being "
+                                      f"formed; the other workers are blocked in MPI's Accept")
+            self._abandon_formation(worker, how)
+            return
         survivors = [w for w in self.world if not w.gone]
         _say(f"worker {worker.label()}{where} {how}; host {worker.host} blacklisted {cooldown}"
              + (f"; {len(survivors)} workers left" if in_world else ""))
@@ -311,12 +322,22 @@ class ElasticDriver:
             if worker.generation is not None and worker not in planned:
                 worker.generation = worker.rank = None
         self.failed_at = None
-        self.forming = {"members": planned, "next": 1, "deadline": now + self.formation_timeout_s, "port": None}
+        self.forming = {"members": planned, "next": 1, "deadline": now + self.formation_timeout_s, "port": None,
+                        "answered": set(), "started": False}
         for rank, worker in enumerate(planned):
             worker.rank, worker.generation, worker.ready_at = rank, self.generation, None
             self._send(worker, "world", rank=rank, size=len(planned), generation=self.generation)
-        if len(planned) == 1:
-            self._formed()
+
+    def _abandon_formation(self, dead, how):
+        """A planned worker died before the formation barrier let anyone into MPI: the others ask again and the
+        next plan goes without it."""
+        members = [w for w in self.forming["members"] if w is not dead and not w.gone]
+        _say(f"worker {dead.label()} {how} before world {self.generation} formed (host {dead.host} blacklisted); "
+             f"planning again with the {len(members)} others")
+        self.forming = None
+        self.world = members            # the next plan waits until each of them asked again
+        for member in members:
+            self._send(member, "abandon")
 
     def _connect_next(self):
         forming = self.forming

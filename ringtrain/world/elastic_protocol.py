@@ -4,11 +4,14 @@ learns at once that a worker died).
 
 worker -> driver   {"op": "hello", "worker": id, "pid": pid}     first line
                    {"op": "ready"}                                 this worker needs a (new) world
+                   {"op": "planned", "generation": g}              got its place in world g, alive (the barrier)
                    {"op": "port", "port": name}                    the new world's rank 0 opened this MPI port
                    {"op": "joined"}                                this worker connected and merged
                    {"op": "exiting"}                               a normal interpreter exit (atexit)
 driver -> worker   {"op": "world", "rank": r, "size": n, "generation": g}    your place in the next world
                    {"op": "leave", "reason": text}                 instead of a world: your slot left the host list
+                   {"op": "go"}                                    every planned worker answered: form the world
+                   {"op": "abandon"}                               a planned worker died first: ask again ("ready")
                    {"op": "connect", "port": name}                 connect now (one joiner at a time)
                    {"op": "peer_failed", "generation": g, "reason": text}    end your waits on world g
                    {"op": "hosts_updated", "seq": k, "generation": g, "added": bool,

@@ -12,6 +12,11 @@ the driver tells one joiner at a time to Connect (MPICH crashed here with severa
 each Accept + Merge grows the world by one with every member taking part (launchers/dynamic.py). A final Split
 orders it by the planned rank. Survivors of the last world keep their process and their memory: only the
 communicator is new.
+
+Before any MPI call, a barrier over the driver's connections: each planned worker answers the plan ("planned") and
+waits for "go", which the driver sends once every one of them answered; if one dies before that, the driver sends
+"abandon" instead and every worker asks again ("ready"), so a death there costs a re-plan, not the job. (Once the
+MPI Accept/Connect has begun, nothing can interrupt it: a death then still ends the job.)
 """
 import atexit
 import os
@@ -125,12 +130,18 @@ def elastic_world(timeout_s):
 
     from .dynamic import accept_one, grow, merge
     driver = client()
-    driver.send("ready")
-    plan = driver.expect("world", timeout_s=None, also=("leave",))
-    if plan["op"] == "leave":               # scale-down: this worker's slot left the host list
-        sys.stderr.write(f"ringtrain: worker {driver.worker_id} leaves the job: {plan['reason']}\n")
-        sys.stderr.flush()
-        sys.exit(0)
+    while True:
+        driver.send("ready")
+        plan = driver.expect("world", timeout_s=None, also=("leave",))
+        if plan["op"] == "leave":               # scale-down: this worker's slot left the host list
+            sys.stderr.write(f"ringtrain: worker {driver.worker_id} leaves the job: {plan['reason']}\n")
+            sys.stderr.flush()
+            sys.exit(0)
+        # the formation barrier: no MPI call until every planned worker is known to be alive; a worker that dies
+        # before it makes the driver abandon the plan, and everyone asks again (see the module doc)
+        driver.send("planned", generation=plan["generation"])
+        if driver.expect("go", timeout_s=None, also=("abandon",))["op"] == "go":
+            break
     rank, size = plan["rank"], plan["size"]
     if rank == 0:
         port = MPI.Open_port()
@@ -147,6 +158,9 @@ def elastic_world(timeout_s):
         driver.send("joined")
         world = grow(world, size, rank)
     ordered = world.Split(color=0, key=rank)
+    # an MPI error on it (a peer SIGKILLed: ofi's completion queue reports it) is returned to the caller, which
+    # fails this world, instead of aborting this survivor too (MPI's default, ERRORS_ARE_FATAL)
+    ordered.Set_errhandler(MPI.ERRORS_RETURN)
     if world != MPI.COMM_SELF:
         world.Free()
     driver.generation = plan["generation"]

@@ -18,6 +18,7 @@ itself in step s --
   after_step after optimizer.step() returned, before the step is recorded
   timer:t    t seconds into the step (a thread), wherever the step is then
 SYNC_KILL=1: in the second world, its last rank dies half way through sync() (die_during_the_second_sync).
+FORM_KILL=r: rank r of the first world dies when the second world's plan reaches it (while that world forms).
 JOIN=1: a worker started later (after the blacklist cooldown) must join; the smaller world waits for the news of it.
 SHRINK_HOSTS_FILE=f SHRINK_STEP=s: after step s of the first world rank 0 writes one slot fewer into the discovery
 file f, and the world waits for the news: the last slot's worker must leave at the next step boundary.
@@ -145,6 +146,26 @@ def die_during_the_second_sync():
 
 if os.environ.get("SYNC_KILL") == "1":
     die_during_the_second_sync()
+
+
+def die_when_the_second_world_is_planned():
+    """FORM_KILL=r[,s...]: these ranks of the first world die as the second world's plan reaches them, before they
+    answer it (a death while the world forms)."""
+    driver = elastic_worker.client()
+    expect = driver.expect
+    rank = hvd.rank()
+
+    def expect_or_die(op, timeout_s, also=()):
+        message = expect(op, timeout_s, also)
+        if message.get("op") == "world" and message["generation"] == 2:
+            os.write(1, f"rank {rank}: KILLED while world 2 formed at {time.time():.3f}\n".encode())
+            os.kill(os.getpid(), 9)
+        return message
+    driver.expect = expect_or_die
+
+
+if str(hvd.rank()) in os.environ.get("FORM_KILL", "").split(","):
+    die_when_the_second_world_is_planned()
 
 
 def report_redealt():
