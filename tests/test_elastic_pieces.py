@@ -307,3 +307,19 @@ def test_a_sharded_optimizers_old_shards_are_cut_into_a_new_worlds_shards():
                 want = whole[piece.param][piece.start:piece.start + piece.length]
                 assert torch.equal(entry["exp_avg"], want) and torch.equal(entry["exp_avg_sq"], want * 2)
                 assert float(entry["step"]) == 7.0
+
+
+def test_a_shard_whose_owner_and_neighbour_both_died_ends_the_job_naming_it():
+    """Old world of 4: the survivors were ranks 2 and 3 (holding shards 1, 2 and 2, 3): shard 0's owner and the
+    neighbour that kept its copy (rank 1) are both gone, so no state can be rebuilt: ElasticError on every rank."""
+    from types import SimpleNamespace
+
+    from ringtrain.torch import elastic_shards
+    backup = object.__new__(elastic_shards.ShardBackup)
+    backup.optimizer = SimpleNamespace(_ringtrain=SimpleNamespace(prefix="ShardedOptimizer0", process_set=None))
+    backup.held = {"size": 4, "plan": None, "rank": 2, "updates": 5, "shards": {1: [], 2: []}}
+    infos = [{"steps": 5, "size": 4, "plan": None, "rank": 2, "updates": 5, "holds": [1, 2]},
+             {"steps": 5, "size": 4, "plan": None, "rank": 3, "updates": 5, "holds": [2, 3]}]
+    with mock.patch.object(elastic_shards.functions, "allgather_object", return_value=infos):
+        with pytest.raises(ElasticError, match=r"shard 0 .*world\) is lost.*rank 1 then"):
+            backup.restore(0, 5)
