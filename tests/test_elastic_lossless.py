@@ -115,7 +115,7 @@ def test_lossless_kill_at_a_random_moment_equals_the_replay_of_what_was_trained(
 
 
 @pytest.mark.parametrize("shard, workers", [("optimizer", 3), ("gradients", 4)])
-def test_lossless_sharded_optimizer_kill_at_a_random_moment_equals_the_replay(tmp_path, shard, workers):
+def test_lossless_sharded_optimizer_loses_no_state_when_a_worker_dies(tmp_path, shard, workers):
     """A sharded optimizer: no rank holds the whole optimizer state, each rank's shard is also kept (and updated
     every step) on its ring neighbour. A worker SIGKILLed at a random moment loses no state: the survivors rebuild
     their new shards from the shards and the copies, and the final parameters and optimizer state (consolidated)
