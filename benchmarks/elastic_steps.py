@@ -37,7 +37,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import machine_info, write_json  # noqa: E402
+from common import machine_info, source_commit, write_json  # noqa: E402
 from elastic_recovery import mlp  # noqa: E402
 
 LOOPS = ("model", "model+lossless", "model+commit", "allgather_obj", "4KB", "1MB", "1MB bcast")
@@ -206,6 +206,8 @@ def main():
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--job-timeout", type=int, default=180)
     parser.add_argument("--json")
+    parser.add_argument("--out", help="also write the table here, between lines giving the command, the start and "
+                                      "end times, the load and the commit")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--drive", type=int, choices=(0, 1), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -213,6 +215,11 @@ def main():
         return worker(args.steps, args.warmup, None if args.drive is None else bool(args.drive))
     for launch in args.launches:
         split_launch(launch)
+    header = [f"# steady-state steps: plain ringtrain-run vs {', '.join(args.launches[1:]) or 'nothing'}; loops: "
+              f"{', '.join(LOOPS)}; same run, jobs interleaved",
+              f"# {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC start, {os.cpu_count()} cores "
+              f"(load {_load()}), commit {source_commit()}",
+              "# python benchmarks/elastic_steps.py " + " ".join(sys.argv[1:])]
     results = {}
     for n in args.workers:
         jobs = {launch: [] for launch in args.launches}
@@ -230,8 +237,16 @@ def main():
         print(table({n: results[n]}, args.launches).split("\n", 1 if n != args.workers[0] else 0)[-1], flush=True)
     if args.json:
         write_json(args.json, {"machine": machine_info(), "args": vars(args), "loops": LOOPS, "workers": results})
+    if args.out:
+        footer = f"# {time.strftime('%H:%M:%S', time.gmtime())} UTC end (load {_load()})"
+        with open(args.out, "w") as f:
+            f.write("\n".join(header + [table(results, args.launches), footer]) + "\n")
     bad = sum(r["failed"] + r["wrong"] + r["out_of_sync"] for by in results.values() for r in by.values())
     return 1 if bad else 0
+
+
+def _load():
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
 if __name__ == "__main__":

@@ -470,7 +470,8 @@ def test_elastic_steps_quick(tmp_path):
     right and the parameters in sync (the script exits non-zero otherwise), and the table says so."""
     out_json = str(tmp_path / "steps.json")
     out = run_script([sys.executable, os.path.join(BENCH_DIR, "elastic_steps.py"), "--workers", "2", "--repeats", "1",
-                      "--steps", "3", "--warmup", "1", "--launches", "plain", "elastic", "--json", out_json],
+                      "--steps", "3", "--warmup", "1", "--launches", "plain", "elastic", "--json", out_json,
+                      "--out", str(tmp_path / "steps.txt")],
                      timeout=120)
     records = json.load(open(out_json))["workers"]["2"]
     for launch in ("plain", "elastic"):
@@ -483,6 +484,10 @@ def test_elastic_steps_quick(tmp_path):
                                  "1MB bcast")}, out
     rows = [line.split() for line in out.splitlines()[1:]]
     assert len(rows) == 14 and all(row[-3:] == ["0", "0", "0"] for row in rows), out
+    written = (tmp_path / "steps.txt").read_text().splitlines()      # the results file: the table between notes
+    assert [line.split() for line in written[4:-1]] == rows, written
+    assert written[1].startswith("# 20") and "load" in written[1] and "commit" in written[1], written
+    assert written[2].startswith("# python benchmarks/elastic_steps.py --workers 2") and "end (load" in written[-1]
 
 
 def test_api_latency_quick_measures_every_form_beside_mpi(tmp_path):
