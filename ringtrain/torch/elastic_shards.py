@@ -25,12 +25,12 @@ from ringtrain.errors import ElasticError
 from ringtrain.reducer.sharding import ShardPlan, overlaps
 
 from . import functions, sharded_update
+from .sharded import ShardedOptimizerMixin, _ScatteredGradients
 from .sharded_checkpoint import _copy
 from .sharded_update import ParameterGather, ShardUpdate
 
 
 def is_sharded(optimizer):
-    from .sharded import ShardedOptimizerMixin
     return isinstance(optimizer, ShardedOptimizerMixin)
 
 
@@ -194,7 +194,6 @@ def _relayout(s):
     """The sharding `s` (a _Sharding) for the current world's size and rank: a new plan, its pieces, update and
     parameter gather; the gradients' reducer restarted (stage 1) or rebuilt on the new plan (stage 2). The
     optimizer state is empty afterwards."""
-    from .sharded import _ScatteredGradients
     sharded_update._GATHERING.discard(s.gather)      # the old world's gathers in flight are dead
     s.size = functions.size() if s.process_set.process_set_id == 0 else s.process_set.size()
     s.rank = s.process_set.rank()
