@@ -323,3 +323,24 @@ def test_a_shard_whose_owner_and_neighbour_both_died_ends_the_job_naming_it():
     with mock.patch.object(elastic_shards.functions, "allgather_object", return_value=infos):
         with pytest.raises(ElasticError, match=r"shard 0 .*world\) is lost.*rank 1 then"):
             backup.restore(0, 5)
+
+
+def test_a_sharded_optimizer_counts_its_shard_updates_and_roll_back_mode_refuses_it():
+    """One process (a world of one: no neighbour, no copy): the state counts the step and the shard update alike;
+    roll-back mode, which copies whole optimizer states at commits, refuses a sharded optimizer by name."""
+    torch = pytest.importorskip("torch")
+    import ringtrain.torch as hvd
+    hvd.init()
+    try:
+        model = torch.nn.Linear(2, 1)
+        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                             named_parameters=model.named_parameters(), shard="optimizer")
+        state = hvd.elastic.TorchState(model, optimizer)
+        model(torch.ones(1, 2)).sum().backward()
+        optimizer.step()
+        assert state.steps_completed() == state._handlers["optimizer"].backup.updates == 1
+        state.rollback = True
+        with pytest.raises(ValueError, match=r"roll-back mode .* sharded optimizer"):
+            state.commit()
+    finally:
+        hvd.shutdown()
