@@ -92,13 +92,20 @@ def _allreduce_eager(tensor, op, name, prescale_factor, postscale_factor, proces
     """A concrete array outside any trace (no jit, no grad: those see Tracers): the core's synchronous call on a
     view of it, with no primitive, custom_vjp or callback around it. Unnamed calls take the core's recurring
     unnamed names (cached, so they run express)."""
-    spec = AllreduceSpec(name, resolve_op(op, average, adasum=True), float(prescale_factor), float(postscale_factor),
-                         process_set)
+    op = resolve_op(op, average, adasum=True)
     wire, ctx = compression.compress(tensor) if compression is not None else (tensor, None)
-    check_reduction(wire.dtype, spec.op, f"allreduce {name!r}")
-    (result,) = _run(to_numpy(wire), spec=spec)
-    # a small result is cheaper copied (jnp.asarray) than adopted (jax.dlpack: ~3x its Python cost at 4 KB)
-    reduced = jax.numpy.asarray(result) if result.nbytes < EAGER_COPY_BYTES else to_jax(result)
+    what = f"allreduce {name!r}" if name is not None else "allreduce"
+    check_reduction(wire.dtype, op, what)
+    w = Wire(to_numpy(wire), op)
+    check_scales(w, prescale_factor, postscale_factor, what)
+    nbytes = w.array.nbytes
+    # small results are copied into a jax.Array (jnp.asarray: cheaper than jax.dlpack's Python at 4 KB); larger
+    # ones land 64-byte aligned (here, or from the core's result pool) and are adopted without a copy
+    out = aligned_empty(w.array.shape, w.array.dtype) if EAGER_COPY_BYTES <= nbytes < POOLED_BYTES else None
+    result = collectives.allreduce(w.array, w.op, name, float(prescale_factor), float(postscale_factor), out=out,
+                                   process_set=process_set)
+    result = w.back(result, process_set.size())
+    reduced = jax.numpy.asarray(result) if nbytes < EAGER_COPY_BYTES else to_jax(result)
     return reduced if compression is None else compression.decompress(reduced, ctx)
 
 
