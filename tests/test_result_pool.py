@@ -168,3 +168,11 @@ def test_results_from_the_shared_size_up_start_on_a_cache_line():
     assert [address(a) % 64 for a in held] == [0] * len(held)
     del held
     assert address(pooled.empty(4 * SMALL_LIMIT, np.uint8)) % 64 == 0      # a private block handed out again
+
+
+def test_a_private_result_is_never_a_shared_block():
+    window = Window(1 << 22, capacity=1 << 21)
+    pool = shared_pool(window)
+    private = pool.empty(SMALL_LIMIT, np.uint8, shared=False)
+    assert not window.holds(private) and address(private) % 64 == 0
+    assert window.holds(pool.empty(SMALL_LIMIT, np.uint8))

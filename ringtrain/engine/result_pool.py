@@ -63,11 +63,13 @@ class ResultPool:
             if self._transport is transport:
                 self._transport, self._shared, self._shared_left = None, [], 0
 
-    def empty(self, shape, dtype):
+    def empty(self, shape, dtype, shared=True):
+        """A result array; shared=False: never a shared block (a grouped call's outputs: the transport reads and
+        writes a group's arrays where they lie only when none of them is in its window)."""
         dtype = np.dtype(dtype)
         # math.prod, not np.prod: this runs on every allocating collective, and np.prod costs ~3.5 us
         nbytes = (math.prod(shape) if hasattr(shape, "__len__") else operator.index(shape)) * dtype.itemsize
-        if self._shared_min_bytes <= nbytes <= self._shared_max:
+        if shared and self._shared_min_bytes <= nbytes <= self._shared_max:
             with self._lock:
                 block = self._take_shared(nbytes)
                 if block is not None:
