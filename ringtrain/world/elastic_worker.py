@@ -158,8 +158,8 @@ def elastic_world(timeout_s):
         driver.send("joined")
         world = grow(world, size, rank)
     ordered = world.Split(color=0, key=rank)
-    # an MPI error on it (a peer SIGKILLed: ofi's completion queue reports it) is returned to the caller, which
-    # fails this world, instead of aborting this survivor too (MPI's default, ERRORS_ARE_FATAL)
+    # errors on it are returned (raised in Python), not fatal: mpi4py sets this on COMM_SELF and the world
+    # inherits it through Accept, Merge and Split (checked); said here so it does not rest on mpi4py's rc
     ordered.Set_errhandler(MPI.ERRORS_RETURN)
     if world != MPI.COMM_SELF:
         world.Free()
