@@ -202,14 +202,13 @@ def _group_request(eng, name, arrays, outs, op, prescale_factor, postscale_facto
             raise ValueError(f"grouped_allreduce {name!r}: out {i} has shape {o.shape} {o.dtype}, input "
                              f"{a.shape} {dtype} (outs must match and be C-contiguous)")
         sizes.append(a.size)
-    meta = Meta(kind="allreduce", dtype=check_op_dtype(op, dtype), shape=(sum(sizes),), op=int(op), device=device,
-                scales=(float(prescale_factor), float(postscale_factor)), parts=tuple(sizes))
-    if sync and len(arrays) > 1 and express_eligible(meta):
+    meta, eligible, packed = _group_meta(op, dtype, device, prescale_factor, postscale_factor, tuple(sizes))
+    if sync and len(arrays) > 1 and eligible:
         # as allreduce(): with nothing else in flight, one agreement cycle on this thread. A small group is packed
         # into one array, which travels in the cycle's slots as one small allreduce does (the cycle is then the only
         # synchronisation; a copy of a few KB costs far less than the transport's own barriers); a larger one is
         # read and written by the transport where it lies (Segments), with no pack or unpack at all
-        if meta.nbytes <= GROUP_PACK_BYTES:
+        if packed:
             return _packed_express(eng, name, meta, arrays, outs, sizes)
         source = Segments(arrays)
         in_place = all(o is a for o, a in zip(outs, arrays))
@@ -227,6 +226,23 @@ def _group_request(eng, name, arrays, outs, op, prescale_factor, postscale_facto
 
 
 GROUP_PACK_BYTES = 64 << 10     # a synchronous grouped allreduce up to this size is packed for the express path
+_group_metas = {}               # (op, dtype, device, scales, sizes) -> (Meta, express eligible, packed): a step's
+                                # groups recur, and a Meta built per call costs more than the cycle's own work
+
+
+def _group_meta(op, dtype, device, prescale_factor, postscale_factor, sizes):
+    """(Meta, express eligible, packed) of a grouped allreduce of arrays of `sizes` elements (one dtype, one device):
+    made once per distinct group (as _meta() does for single arrays)."""
+    key = (int(op), dtype, device, float(prescale_factor), float(postscale_factor), sizes)
+    hit = _group_metas.get(key)
+    if hit is None:
+        meta = Meta(kind="allreduce", dtype=check_op_dtype(op, dtype), shape=(sum(sizes),), op=int(op),
+                    device=device, scales=key[3:5], parts=sizes)
+        eligible = express_eligible(meta)
+        if len(_group_metas) > 4096:
+            _group_metas.clear()
+        hit = _group_metas[key] = (meta, eligible, eligible and meta.nbytes <= GROUP_PACK_BYTES)
+    return hit
 
 
 def _packed_express(eng, name, meta, arrays, outs, sizes):

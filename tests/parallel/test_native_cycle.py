@@ -169,3 +169,19 @@ def test_an_async_call_waited_at_once_rides_the_native_cycle(native_outcomes):
         np.testing.assert_array_equal(got, want, err_msg=f"rank {rank} call {i}")
     anywhere = MPI.COMM_WORLD.allreduce(native_outcomes.count(native_cycle.DONE), op=MPI.SUM)
     assert anywhere >= 1, f"no held-back async call finished in the native cycle on any rank: {native_outcomes}"
+
+
+def test_grouped_calls_of_one_shape_with_other_ops_and_scales():
+    """Small grouped allreduces (packed into the cycle's slots) of the same sizes under different ops and scales:
+    each gets its own metadata (they are cached per group)."""
+    size, rank = rt.size(), rt.rank()
+    parts = [np.arange(5, dtype=np.float64) + rank, np.arange(300, dtype=np.float64) * 2 + rank]
+    total = [sum(np.arange(5, dtype=np.float64) + r for r in range(size)),
+             sum(np.arange(300, dtype=np.float64) * 2 + r for r in range(size))]
+    for i in range(3):
+        for name, op, post, want in [("sum", rt.Sum, 1.0, total), ("avg", rt.Average, 1.0, [t / size for t in total]),
+                                     ("avg.post", rt.Average, 3.0, [t * 3.0 / size for t in total]),
+                                     ("max", rt.Max, 1.0, [p - rank + size - 1 for p in parts])]:
+            got = rt.grouped_allreduce(parts, op=op, postscale_factor=post, name=f"native.grouped.{name}")
+            for g, w in zip(got, want):
+                np.testing.assert_allclose(g, w, rtol=1e-12, err_msg=f"rank {rank} {name} call {i}")
