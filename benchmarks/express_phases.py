@@ -1,6 +1,6 @@
 """Where the microseconds of one small express allreduce go, with MPI_Allreduce in the same job.
 
-    mpiexec -n 2 python benchmarks/express_phases.py [--bytes 4096] [--calls 300] [--rounds 5] [--out file]
+    mpiexec -n 2 python benchmarks/express_phases.py [--bytes 4096] [--calls 300] [--rounds 5] [--out file] [--quick]
 
 Two parts, both in one job:
 
@@ -95,7 +95,7 @@ class Stamps:
                 "call overhead": t["call"] - t["engine"] - t["describe"], "total": t["call"]}
 
 
-def own_work(nbytes, size):
+def own_work(nbytes, size, calls=2000):
     """The path's own work without any wait, in this process: every peer's slot is published already (plain
     buffers laid out as the window's, see tests/test_native_cycle.py), and one rank fills, publishes and reduces --
     natively, or with the Python path's own functions. Best of 5 repeats of 2000 (the machine's noise only adds)."""
@@ -137,9 +137,9 @@ def own_work(nbytes, size):
     for label, step in steps.items():
         for _ in range(5):
             t0 = time.perf_counter()
-            for c in range(1, 2001):
+            for c in range(1, calls + 1):
                 step(c)
-            us = (time.perf_counter() - t0) / 2000 * 1e6
+            us = (time.perf_counter() - t0) / calls * 1e6
             best[label] = min(best.get(label, us), us)
     native.close()
     return best
@@ -151,7 +151,10 @@ def main():
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", default=None, help="write the tables here too")
+    parser.add_argument("--quick", action="store_true", help="20 calls, 1 round (a smoke test)")
     args = parser.parse_args()
+    if args.quick:
+        args.calls, args.rounds = 20, 1
 
     import torch
     import ringtrain as rt
@@ -223,7 +226,7 @@ def main():
         phases[label] = comm.gather(stamps.phases(args.calls), root=0)
     use("native")
 
-    own = own_work(args.bytes, size) if rank == 0 and native is not None else None
+    own = own_work(args.bytes, size, 100 if args.quick else 2000) if rank == 0 and native is not None else None
     comm.Barrier()
 
     if rank == 0:
@@ -250,7 +253,7 @@ def main():
         if own is not None:
             text += "\n\n" + format_table(["step", "us"], [[k, f"{v:.2f}"] for k, v in own.items()],
                                            title=f"one rank's own work for one {human_bytes(args.bytes)} cycle, the "
-                                                 f"peers' slots already published (rank 0 alone, best of 5 x 2000)")
+                                                 f"peers' slots already published (rank 0 alone, best of 5 repeats)")
         text += (f"\n# commit {source_commit()}; load average at the end: {load[0]:.2f} {load[1]:.2f} "
                  f"{load[2]:.2f}; native cycle {'available' if native is not None else 'NOT available'}")
         print(text, flush=True)

@@ -389,6 +389,15 @@ def test_express_fallbacks_quick(tmp_path):
     assert all(sum(int(r[-3]) for r in rows if r[0] == rank) == 4 for rank in ("0", "1")), table
 
 
+def test_express_phases_quick(tmp_path):
+    """One round of the per-phase account on 2 ranks: every arm right, every phase row there for every arm."""
+    table = _table_on_two_ranks(tmp_path, "express_phases.py", "--quick")
+    arms = [line.split() for line in table.splitlines() if line.strip().startswith(("MPI_Allreduce", "numpy", "torch"))]
+    assert arms and all(row[-1] == "0" for row in arms), table
+    for phase in ("describe/Meta", "wait for the peer", "eager reduce", "call overhead", "total"):
+        assert any(line.strip().startswith(phase) for line in table.splitlines()), (phase, table)
+
+
 def test_soak_quick(tmp_path):
     """benchmarks/soak.py in each mode, tiny: every line reports 0 wrong, ops/s and RSS, and the JSON matches it."""
     out_json = str(tmp_path / "soak.jsonl")
