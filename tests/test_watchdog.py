@@ -6,6 +6,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from ringtrain.engine import watchdog as watchdog_module
@@ -119,3 +120,25 @@ def test_peer_failure_looks_at_once_and_through_its_grace_for_a_peer_dying_now(s
     failure = watchdog.peer_failure(grace_s=5.0)
     assert isinstance(failure, RankFailureError)
     assert f"rank 1 (pid {sleeper.pid}) has died" in str(failure)
+
+
+def test_an_aborted_world_sends_no_agreement_message():
+    """After the driver's word of a death (abort_reason), a rank that follows a peer into an agreement cycle raises
+    before it fills or sends its slot: a send to a peer MPICH saw die crashes the sender (Watchdog.check_sendable)."""
+    from mpi4py import MPI
+
+    from ringtrain.config import Config
+    from ringtrain.engine.cycle_exchange import MessageExchange
+
+    comm = MPI.COMM_SELF.Dup()
+    watchdog = Watchdog()
+    copies = []
+    exchange = MessageExchange(comm, Config(), watchdog, 1, 64, lambda view, array: copies.append(array))
+    try:
+        watchdog.abort_reason = "worker localhost[1] (rank 1) died"
+        with pytest.raises(RankFailureError, match=r"rank 1\) died \(while waiting for agreement cycle 1\)"):
+            exchange.publish(1, 0, 1, 1, (0, np.ones(4, np.float32)))
+        assert copies == []                         # nothing was written into a slot either
+    finally:
+        exchange.close()
+        comm.Free()

@@ -834,7 +834,8 @@ MUTANTS = [
            "batches and the job stalls"),
     Mutant("engine_cycle_sends_after_the_world_was_aborted", "ringtrain/engine/cycle_exchange.py",
            '        self.watchdog.check_sendable(f"agreement cycle {c}")\n', "",
-           (Tests((ELASTIC,), select="different_commits", env=(("MPIR_CVAR_CH4_NETMOD", "ucx"),)),),
+           (Tests(("tests/test_watchdog.py",), select="aborted_world_sends_no"),
+            Tests((ELASTIC,), select="different_commits", env=(("MPIR_CVAR_CH4_NETMOD", "ucx"),))),
            "an idle survivor follows a peer into an agreement cycle after the driver said a worker died, and its "
            "send to the dead rank crashes the process inside MPICH's ucx module (SIGSEGV in MPI_Isend)"),
     Mutant("elastic_workers_on_mpichs_ucx_module", "ringtrain/launch/elastic_workers.py",
