@@ -156,12 +156,14 @@ def main():
     parser.add_argument("--tf", action="store_true", help="include TensorFlow eager")
     parser.add_argument("--jax", action="store_true", help="include JAX eager")
     parser.add_argument("--json", default=None)
-    parser.add_argument("--out", default=None, help="write the table here too")
+    parser.add_argument("--out", default=None, help="write the table here too, between lines giving the command, "
+                                                    "the start and end times, the load and the commit")
     args = parser.parse_args()
     rounds = 2 if args.quick else args.rounds
     calls = QUICK_CALLS if args.quick else CALLS
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else list(SIZES)
 
+    started = (time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), os.getloadavg())
     import ringtrain.torch as hvd
     hvd.init()
     comm = MPI.COMM_WORLD
@@ -224,8 +226,11 @@ def main():
         text += f"\n# load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
         print(text, flush=True)
         if args.out:
+            command = " ".join(["mpiexec", "-n", str(size), "python", "benchmarks/api_latency.py"] + sys.argv[1:])
             with open(args.out, "w") as f:
-                f.write(text + "\n")
+                f.write(f"# {started[0]} UTC start, commit {machine_info()['commit']}, load before "
+                        f"{started[1][0]:.2f} {started[1][1]:.2f} {started[1][2]:.2f}\n# {command}\n{text}\n"
+                        f"# {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC end\n")
         if args.json:
             write_json(args.json, {"machine": machine_info(), "ranks": size, "rounds": rounds,
                                    "loadavg_end": load, "records": records})

@@ -41,7 +41,9 @@ Correctness: distributed modes must end with identical parameters on every rank,
 parameters must match DDP's (same seed, same data) to float tolerance; both are recorded and checked.
 """
 import argparse
+import contextlib
 import importlib.util
+import io
 import os
 import platform
 import resource
@@ -583,6 +585,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--max-ranks", type=int, default=2)
     parser.add_argument("--json")
+    parser.add_argument("--out", help="also write the report here, between lines giving the command, the start and "
+                                      "end times, the load and the commit")
     parser.add_argument("--png")
     parser.add_argument("--quick", action="store_true", help="small models, few steps (< 1 minute)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per rank (default cores // max-ranks)")
@@ -629,6 +633,8 @@ def main(argv=None):
     if any(os.environ.get(v) for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")):
         raise SystemExit("run train_scaling.py without mpiexec: it launches one mpiexec job per rank count")
     machine = common.machine_info()
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+    load_before = " ".join(f"{v:.2f}" for v in os.getloadavg())
     # the interpreter's version, not its path: a path would name this machine's directories in committed results
     print(f"# ringtrain {machine['commit']}, {machine['date']}, python {platform.python_version()}", flush=True)
     jobs = []
@@ -639,7 +645,18 @@ def main(argv=None):
             print(f"# {ranks} rank(s): done in {jobs[-1]['wall_s']:.1f} s, load average {load[0]:.2f} at start, "
                   f"{load[1]:.2f} at end", flush=True)
     records = summarise(jobs)
-    print_report(records, jobs, args.rounds)
+    if args.out:
+        report = io.StringIO()
+        with contextlib.redirect_stdout(report):
+            print_report(records, jobs, args.rounds)
+        print(report.getvalue(), end="")
+        command = " ".join(["python", "benchmarks/train_scaling.py"] + (argv if argv is not None else sys.argv[1:]))
+        with open(args.out, "w") as f:
+            f.write(f"# {started} UTC start, commit {machine['commit']}, load before {load_before}\n# {command}\n"
+                    f"{report.getvalue()}# {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC end, load "
+                    f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}\n")
+    else:
+        print_report(records, jobs, args.rounds)
     if args.json:
         common.write_json(args.json, {"machine": machine, "records": records})
     if args.png:

@@ -505,9 +505,13 @@ def test_api_latency_quick_measures_every_form_beside_mpi(tmp_path):
     if mpiexec() is None:
         pytest.skip("mpiexec not found")
     pytest.importorskip("torch")
-    out_json = str(tmp_path / "api.json")
+    out_json, out_txt = str(tmp_path / "api.json"), str(tmp_path / "api.txt")
     stdout = run_script([mpiexec(), "-n", "2", sys.executable, os.path.join(BENCH_DIR, "api_latency.py"), "--quick",
-                         "--sizes", "4096,262144", "--json", out_json], timeout=120)
+                         "--sizes", "4096,262144", "--json", out_json, "--out", out_txt], timeout=120)
+    with open(out_txt) as f:
+        lines = f.read().splitlines()
+    assert "UTC start, commit" in lines[0] and lines[1].startswith("# mpiexec -n 2 python benchmarks/api_latency.py")
+    assert "UTC end" in lines[-1]
     with open(out_json) as f:
         records = json.load(f)["records"]
     forms = {r["form"] for r in records}

@@ -110,18 +110,6 @@ MUTANTS = [
            "return [b if n <= _ALONE + 1 else None for b, n in zip(blocks, _counts(blocks))]",
            (Tests(("tests/test_result_pool.py",)),),
            "a large result is handed out again while the caller (or a view of it) still holds it"),
-    Mutant("result_pool_shared_block_is_the_window_slice", "ringtrain/engine/result_pool.py",
-           "block = np.frombuffer(memoryview(raw), dtype=np.uint8)",
-           "block = raw",
-           (Tests(("tests/test_result_pool.py",), select="shared"),),
-           "a result in the shared window is a view of the whole window: nothing counts its users, so the pool "
-           "hands it out again while the caller still holds it"),
-    Mutant("grouped_outputs_in_the_shared_window", "ringtrain/core/collectives.py",
-           "HOST_OPS.results.empty(a.shape, dtype, shared=False)",
-           "HOST_OPS.results.empty(a.shape, dtype, shared=True)",
-           (Tests(("tests/parallel/test_grouped_express.py",), ranks=2, select="chunk"),),
-           "a grouped call's outputs come from the shared window: the transport then packs the group instead of "
-           "reading and writing its arrays where they lie"),
     Mutant("tf_eager_path_sums_instead_of_averaging", "ringtrain/tensorflow/functions.py",
            "result = collectives.allreduce(array, op=op, name=name,",
            "result = collectives.allreduce(array, op=Sum, name=name,",

@@ -195,9 +195,8 @@ def _group_request(eng, name, arrays, outs, op, prescale_factor, postscale_facto
     # one pass of cheap checks per tensor: this loop is the whole per-tensor cost of a bucket
     sizes = []
     for i, (a, o) in enumerate(zip(arrays, outs)):
-        if o is None:   # host: private memory (the transport reads and writes a group's arrays where they lie)
-            o = outs[i] = HOST_OPS.results.empty(a.shape, dtype, shared=False) if ops is HOST_OPS else \
-                ops.empty(a.shape, dtype)
+        if o is None:
+            o = outs[i] = ops.empty(a.shape, dtype)
         elif o.shape != a.shape or o.dtype != dtype or not o.flags.c_contiguous:
             raise ValueError(f"grouped_allreduce {name!r}: out {i} has shape {o.shape} {o.dtype}, input "
                              f"{a.shape} {dtype} (outs must match and be C-contiguous)")

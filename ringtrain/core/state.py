@@ -8,7 +8,6 @@ import warnings
 from .. import gpu
 from . import names, set_registry
 from ..config import Config, horovod_warnings
-from ..engine.fusion import HOST_OPS
 from ..errors import NotInitializedError, RingtrainError
 
 _lock = threading.Lock()
@@ -45,7 +44,6 @@ def init(comm=None, process_sets: "list | None" = None, **config_overrides) -> N
         engine = Engine(topology, config)
         _state = (topology, engine, config, gpu_id)
         names.reset()
-        HOST_OPS.results.attach(engine.transports["cpu"])    # large results in the world's shared window
     atexit.register(_shutdown_at_exit)
     _install_dump_signal()
     _start_metrics(config, topology)
@@ -97,7 +95,6 @@ def shutdown() -> None:
             return
         topology, engine, config, _ = _state
         _state = None
-    HOST_OPS.results.detach(engine.transports["cpu"])
     clean = engine.shutdown(timeout=max(config.stall_timeout_s, 10.0))
     if clean and engine.failed is None:
         engine.close()
@@ -117,7 +114,6 @@ def abandon(reason):
             return
         _, engine, _, _ = _state
         _state = None
-    HOST_OPS.results.detach(engine.transports["cpu"])
     error = RankFailureError(reason)
     set_registry.abandon_all(error)
     engine.abandon(error)

@@ -40,7 +40,7 @@ def _run(*arrays, spec):
     for w in wires:
         check_scales(w, spec.prescale_factor, spec.postscale_factor, f"allreduce {spec.name!r}")
     # results land in 64-byte-aligned buffers, so eagerly they become jax.Arrays without a copy (arrays.to_jax):
-    # small ones here, large ones from the core's result pool (aligned there, and in the shared window on shm)
+    # small ones here, large ones from the core's result pool (aligned there)
     outs = [aligned_empty(w.array.shape, w.array.dtype) if w.array.nbytes < POOLED_BYTES else None for w in wires]
     op = wires[0].op if len({w.op for w in wires}) == 1 else None
     if op is None:                           # unsigned Average next to other dtypes: one request per wire op
