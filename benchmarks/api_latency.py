@@ -89,6 +89,9 @@ def make_forms(args):
         import tensorflow as tf
         import ringtrain.tensorflow as hvd_tf
         from ringtrain.tensorflow import arrays as tf_arrays
+        # one thread per op pool, as torch.set_num_threads(1) above: ranks share the cores
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
         forms["tf_eager"] = (lambda nbytes: {"t": tf.constant(data(nbytes // 4)), "name": f"bench.tf.{nbytes}"},
                              lambda s: hvd_tf.allreduce(s["t"], name=s["name"]).numpy(),
                              lambda nbytes: want(nbytes // 4))
