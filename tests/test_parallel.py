@@ -139,7 +139,9 @@ SIMULATED_NODES_FILES = ["test_simulated_nodes.py", "test_collectives.py", "test
 @pytest.mark.timeout(JOB_TIMEOUT_S + 60)
 @pytest.mark.parametrize("num_ranks", [4, 3])
 def test_parallel_suite_on_two_simulated_nodes(num_ranks):
-    run_job(num_ranks, [os.path.join(PARALLEL_DIR, name) for name in SIMULATED_NODES_FILES], JOB_TIMEOUT_S,
+    # 2+2 runs every file above; 2+1 (nodes of unequal size) the ones where the split itself matters
+    names = SIMULATED_NODES_FILES if num_ranks == 4 else SIMULATED_NODES_FILES[:2]
+    run_job(num_ranks, [os.path.join(PARALLEL_DIR, name) for name in names], JOB_TIMEOUT_S,
             extra_env={"RINGTRAIN_SIMULATE_NODES": "2"})
 
 
