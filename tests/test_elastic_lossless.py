@@ -164,6 +164,25 @@ def test_lossless_two_deaths_at_once_then_one_during_the_sync(tmp_path):
     check_lossless(job, history, workers, step, point, redealt_in=1)
 
 
+def test_a_survivor_stuck_after_a_death_is_lost_not_the_job(tmp_path):
+    """3 workers: rank 1 is SIGKILLed as a step begins, and rank 2, told of it, hangs in a blocking C call (as in a
+    hung MPI_Abort: MPICH's ofi aborts a survivor whose probe meets the dead peer's endpoint). Its leave watchdog
+    ends it after RINGTRAIN_ELASTIC_LEAVE_TIMEOUT_S, the driver counts one more death, and rank 0 goes on alone: the
+    final state equals the replay, and the recovery waited for the leave timeout, not the driver's 120 s."""
+    job = run_elastic("-np", "3", "--min-np", "1", script="train_lossless.py", OPTIMIZER="sgd", KILL_RANK=1,
+                      KILL_STEP=2, KILL_AT="before", HANG_RANK=2, RINGTRAIN_ELASTIC_LEAVE_TIMEOUT_S=2)
+    assert job.returncode == 0, job
+    assert "rank 1: KILLED" in job.output and "rank 2: HANGING" in job.output, job
+    assert re.search(r"ringtrain: worker localhost\[2\]#\d+ could not leave world 1 within 2 s "
+                     r"\(RINGTRAIN_ELASTIC_LEAVE_TIMEOUT_S\) of a death in it", job.output), job
+    assert "in hang_here" in job.output, job                       # where its main thread was
+    assert re.search(r"worker localhost\[2\] \(rank 2 of world 1\) (lost its connection|exited with code 1)", job.output), job
+    assert "world 2: 1 workers" in job.output and "did not leave" not in job.output, job
+    history = check_against_replay(job, "sgd")
+    assert [size for size, _ in history] == [3, 3] + [1] * (len(history) - 2), job     # steps 0-1 kept
+    assert job.seconds < 60, job                                   # not the driver's 120 s
+
+
 def check_lossless(job, history, workers, step, point, redealt_in):
     """No completed step lost; the samples dealt again (reported by the first world of size `redealt_in` to
     start training) at most one step's worth."""

@@ -808,6 +808,12 @@ MUTANTS = [
            (Tests((ELASTIC_LOSSLESS,), select="scale_down"),),
            "a worker whose slot was removed reads the driver's 'leave' as a world plan and crashes instead of "
            "leaving: the driver counts it as a death"),
+    Mutant("elastic_stuck_survivor_never_leaves", "ringtrain/world/elastic_worker.py",
+           '                    if message["generation"] == self.generation and self.in_world:\n',
+           '                    if False:\n',
+           (Tests((ELASTIC_LOSSLESS,), select="stuck_after_a_death"),),
+           "a survivor hung after a peer's death (MPICH's ofi abort) has no leave watchdog: the others wait for it "
+           "until the driver's backstop kills it"),
     Mutant("elastic_driver_waits_when_no_worker_can_come", "ringtrain/launch/elastic_driver.py",
            "            if not self._more_workers_possible():",
            "            if False:",

@@ -56,6 +56,9 @@ class ControlChannel:
         complete here while its data has not left: the root of a broadcast, a ring step's send, the coordinator's
         answer. A rank that then waits on shared memory (a cycle in the window, the shm transport) or sleeps would
         leave its peers waiting until its next MPI call -- the Watchdog's peer check, every peer_check_s."""
+        if self.watchdog.abort_reason is not None:
+            return      # the world was aborted (an elastic driver's word of a death): no more MPI calls on it --
+            #             MPICH's ofi aborts the process when a poll meets a dead peer's completion error
         self.progress_sends()
         if self.drives_mpi:
             self.ctrl.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)

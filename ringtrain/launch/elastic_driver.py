@@ -21,7 +21,8 @@ The rules: the world's order is the old world's survivors by their old rank, the
 became ready (so rank 0 is a survivor whenever there is one). Fewer than --min-np ready workers for
 --elastic-timeout seconds ends the job with an error, as do more than --reset-limit re-formations, and a discovery
 script that fails at the start (later failures keep the last host list). A worker dying while a world is being
-formed ends the job too (the others are blocked inside MPI's Accept). When one worker of the world exits 0 the job
+formed ends the job too (the others are blocked inside MPI's Accept). A survivor that has not left a failed world
+within twice its leave timeout (RINGTRAIN_ELASTIC_LEAVE_TIMEOUT_S) is killed and counted as one more death. When one worker of the world exits 0 the job
 is finishing: nothing new is formed or started, and the job's status is 0 when every worker of the last world exited
 0.
 """
@@ -30,6 +31,7 @@ import signal
 import sys
 import time
 
+from ..world.elastic_protocol import leave_timeout_s
 from .elastic_channel import DriverChannel
 from .elastic_workers import WorkerProcesses, kill_group, signal_name
 from .hosts import Blacklist, DiscoveryError, HostWatch, free_slots, parse_hosts
@@ -60,6 +62,8 @@ class ElasticDriver:
         self.reset_limit = reset_limit
         self.elastic_timeout_s = elastic_timeout_s
         self.formation_timeout_s = formation_timeout_s
+        # a worker's own leave watchdog ends it first (elastic_worker); this is for one whose Python cannot run
+        self.leave_timeout_s = min(formation_timeout_s, 2 * leave_timeout_s() + 5)
         self.blacklist = Blacklist(cooldown_range)
         self.workers = []
         self.world = []                 # the current world's workers, by rank
@@ -359,11 +363,13 @@ class ElasticDriver:
     def _advance_formation(self, now):
         if self.forming is not None and now > self.forming["deadline"]:
             raise ElasticJobError(f"world {self.generation} was not formed within {self.formation_timeout_s:g} s")
-        waiting = [w.label() for w in self.world if not w.gone and w.ready_at is None]
-        if self.failed_at is not None and waiting and now - self.failed_at > self.formation_timeout_s:
-            # a survivor blocked where no watchdog reaches (a blocking MPI call while its world was set up)
-            raise ElasticJobError(f"workers {', '.join(waiting)} did not leave world {self.generation} within "
-                                  f"{self.formation_timeout_s:g} s of a failure in it")
+        waiting = [w for w in self.world if not w.gone and w.ready_at is None]
+        if self.failed_at is not None and waiting and now - self.failed_at > self.leave_timeout_s:
+            # a survivor stuck where neither the abort nor its own leave watchdog reaches (elastic_worker): it is
+            # lost, not the job -- one more death, and the others re-form without it
+            for worker in waiting:
+                self._lost(worker, f"did not leave world {self.generation} within {self.leave_timeout_s:g} s of a "
+                                   f"failure in it (stuck; killed)")
 
     # ------------------------------------------------------------------------------------------------ the end
     def _stop_outsiders(self):

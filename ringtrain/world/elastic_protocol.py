@@ -22,11 +22,14 @@ SLOT_VARIABLE (its slot on that host: which GPU it binds, the same in every worl
 Standard library only: the driver runs in the launcher, which must not start MPI.
 """
 import json
+import os
 
 DRIVER_VARIABLE = "RINGTRAIN_ELASTIC_DRIVER"
 WORKER_VARIABLE = "RINGTRAIN_ELASTIC_WORKER"
 HOST_VARIABLE = "RINGTRAIN_ELASTIC_HOST"
 SLOT_VARIABLE = "RINGTRAIN_ELASTIC_SLOT"
+LEAVE_TIMEOUT_VARIABLE = "RINGTRAIN_ELASTIC_LEAVE_TIMEOUT_S"    # a survivor that has not left a failed world by
+LEAVE_TIMEOUT_S = 30.0                                          # then exits (a death), see elastic_worker
 
 
 def encode(op, **fields):
@@ -43,3 +46,8 @@ class LineReader:
         lines = (self._pending + data).split(b"\n")
         self._pending = lines.pop()
         return [json.loads(line) for line in lines if line.strip()]
+
+
+def leave_timeout_s(environ=os.environ):
+    """How long a survivor may take to leave a failed world before it counts as dead (elastic_worker)."""
+    return float(environ.get(LEAVE_TIMEOUT_VARIABLE, LEAVE_TIMEOUT_S))

@@ -17,6 +17,13 @@ Before any MPI call, a barrier over the driver's connections: each planned worke
 waits for "go", which the driver sends once every one of them answered; if one dies before that, the driver sends
 "abandon" instead and every worker asks again ("ready"), so a death there costs a re-plan, not the job. (Once the
 MPI Accept/Connect has begun, nothing can interrupt it: a death then still ends the job.)
+
+A survivor that cannot leave a failed world must not hold the others: MPICH's ofi network module aborts a process on
+a completion-queue error (a dead peer's endpoint) whatever the error handler, and MPI_Abort can then hang. So the
+driver's word of a death starts a leave watchdog: a worker that has not asked for the next world within
+RINGTRAIN_ELASTIC_LEAVE_TIMEOUT_S (30 s; a step that computes longer than that without a collective needs more)
+prints where its main thread is and exits with status 1: the driver counts it as one more death, and the others
+re-form without it.
 """
 import atexit
 import os
@@ -24,12 +31,14 @@ import queue
 import socket
 import sys
 import threading
+import time
 import traceback
 
 from ..errors import RankFailureError
 from ..engine.watchdog import abort_all
 from ..errors import ElasticError
-from .elastic_protocol import DRIVER_VARIABLE, SLOT_VARIABLE, WORKER_VARIABLE, LineReader, encode
+from .elastic_protocol import (DRIVER_VARIABLE, LEAVE_TIMEOUT_VARIABLE, SLOT_VARIABLE,
+                               WORKER_VARIABLE, LineReader, encode, leave_timeout_s)
 
 _client = None
 _client_lock = threading.Lock()
@@ -58,6 +67,9 @@ class DriverClient:
         self.generation = None                  # the world this process is in now
         self.failed_generations = set()
         self.closed = False
+        self.asked = 0                          # how many times this process asked for a world ("ready")
+        self.in_world = False                   # between a world's formation and asking for the next one
+        self.leave_timeout_s = leave_timeout_s()
         self._send_lock = threading.Lock()
         self.send("hello", worker=worker_id, pid=os.getpid())
         threading.Thread(target=self._read, name="ringtrain-elastic-driver", daemon=True).start()
@@ -88,11 +100,30 @@ class DriverClient:
                     self.failed_generations.add(message["generation"])
                     if message["generation"] == self.generation:
                         _abort_current_world(message["reason"])
+                    if message["generation"] == self.generation and self.in_world:
+                        threading.Thread(target=self._watch_leaving, args=(self.asked, message["reason"]),
+                                         name="ringtrain-elastic-leave", daemon=True).start()
                 elif op == "hosts_updated":
                     self.host_updates.put((message["seq"], message["generation"], message["added"],
                                            message["removed"]))
                 else:
                     self.replies.put(message)
+
+    def _watch_leaving(self, asked, reason):
+        """Exit (status 1) unless this process asks for the next world within leave_timeout_s of a death in its
+        world: its main thread is stuck where the abort cannot reach (see the module doc)."""
+        deadline = time.monotonic() + self.leave_timeout_s
+        while time.monotonic() < deadline:
+            if self.asked != asked or not self.in_world or self.closed:
+                return
+            time.sleep(0.05)
+        main = sys._current_frames().get(threading.main_thread().ident)
+        where = "".join(traceback.format_stack(main)) if main is not None else "(no main thread)\n"
+        sys.stderr.write(f"ringtrain: worker {self.worker_id} could not leave world {self.generation} within "
+                         f"{self.leave_timeout_s:g} s ({LEAVE_TIMEOUT_VARIABLE}) of a death in it ({reason}): "
+                         f"it exits so that the others re-form without it. Its main thread:\n{where}")
+        sys.stderr.flush()
+        os._exit(1)
 
     def expect(self, op, timeout_s, also=()):
         """The driver's next reply, which must be `op` (or one of `also`)."""
@@ -130,7 +161,9 @@ def elastic_world(timeout_s):
 
     from .dynamic import accept_one, grow, merge
     driver = client()
+    driver.in_world = False
     while True:
+        driver.asked += 1
         driver.send("ready")
         plan = driver.expect("world", timeout_s=None, also=("leave",))
         if plan["op"] == "leave":               # scale-down: this worker's slot left the host list
@@ -164,6 +197,7 @@ def elastic_world(timeout_s):
     if world != MPI.COMM_SELF:
         world.Free()
     driver.generation = plan["generation"]
+    driver.in_world = True
     if driver.generation in driver.failed_generations:     # a member died while the world formed
         raise RankFailureError(f"worker {driver.worker_id}: a worker of world {driver.generation} died while it "
                                f"formed")

@@ -19,6 +19,8 @@ itself in step s --
   timer:t    t seconds into the step (a thread), wherever the step is then
 SYNC_KILL=1: in the second world, its last rank dies half way through sync() (die_during_the_second_sync).
 FORM_KILL=r: rank r of the first world dies when the second world's plan reaches it (while that world forms).
+HANG_RANK=r: in the first world, rank r (a survivor) hangs in a blocking C call in step KILL_STEP once the driver
+told it of the death there ("rank r: HANGING"), where no abort reaches it (as in a hung MPI_Abort).
 JOIN=1: a worker started later (after the blacklist cooldown) must join; the smaller world waits for the news of it.
 SHRINK_HOSTS_FILE=f SHRINK_STEP=s: after step s of the first world rank 0 writes one slot fewer into the discovery
 file f, and the world waits for the news: the last slot's worker must leave at the next step boundary.
@@ -26,6 +28,7 @@ Lines: "rank r: GPU slot=s device_of_2=d" at start, "rank r: REDEALT n steps=k s
 (n: samples a step of the last world was dealt that no completed step consumed, dealt again now; k: the steps
 completed so far; w: the world's size), "rank r: FINAL size=n digest=d" on every rank (d: of its parameters and optimizer state); rank 0 also prints "rank 0: REFERENCE <json>".
 """
+import ctypes
 import faulthandler
 import hashlib
 import json
@@ -113,6 +116,18 @@ def doomed():
 def kill_here(where, batch):
     if where == KILL_AT and batch == KILL_STEP and in_first_world() and doomed():
         die()
+
+
+def hang_here(batch):
+    """HANG_RANK=r: rank r of the first world blocks in libc's sleep() in step KILL_STEP, after the death."""
+    if batch != KILL_STEP or not in_first_world() or str(hvd.rank()) != os.environ.get("HANG_RANK"):
+        return
+    driver = elastic_worker.client()
+    deadline = time.monotonic() + 60
+    while driver.generation not in driver.failed_generations and time.monotonic() < deadline:
+        time.sleep(0.01)
+    say(f"HANGING at {time.time():.3f}")
+    ctypes.CDLL(None).sleep(600)
 
 
 def in_step_kill(opt, args, kwargs):
@@ -210,6 +225,7 @@ def train(state):
             if in_first_world() and KILL_AT.startswith("timer:") and batch == KILL_STEP and doomed():
                 threading.Timer(float(KILL_AT.split(":")[1]), die).start()
             kill_here("before", batch)
+            hang_here(batch)
             optimizer.zero_grad()
             loss_on(model, X, Y, state.sampler.get_indices(batch, BATCH)).backward()
             kill_here("backward", batch)
