@@ -36,6 +36,8 @@ class _IdleAgreement:
 
 
 class _Watchdog:
+    abort_reason = None
+
     def check(self, what):
         pass
 
@@ -51,3 +53,14 @@ def test_an_idle_pass_probes_mpi_only_where_the_world_needs_it(drives_mpi):
     for _ in range(3):
         assert engine._pass() is False
     assert engine.control.ctrl.probes == ([(MPI.ANY_SOURCE, MPI.ANY_TAG)] * 3 if drives_mpi else [])
+
+
+def test_an_aborted_worlds_idle_pass_makes_no_mpi_call():
+    """Once an elastic driver's word of a death aborted the world, progress() makes no MPI call on it: MPICH's ofi
+    aborts the process when a probe meets the dead peer's completion error, whatever the error handler."""
+    engine = Engine.__new__(Engine)
+    engine.intake, engine.agreement, engine.watchdog = Intake(0, threading.Event()), _IdleAgreement(), _Watchdog()
+    engine.control = ControlChannel(_Ctrl(), engine.watchdog, True)
+    engine.watchdog.abort_reason = "worker w (rank 1) died"
+    engine._pass()
+    assert engine.control.ctrl.probes == []

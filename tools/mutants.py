@@ -877,6 +877,12 @@ MUTANTS = [
            "        if False:\n            self.ctrl.Iprobe(",
            (Tests(("tests/test_engine_idle_progress.py",)),),
            "the control channel's progress() never probes MPI, even in a world whose MPI moves data only inside calls"),
+    Mutant("control_channel_probes_an_aborted_world", "ringtrain/engine/control.py",
+           "        if self.watchdog.abort_reason is not None:\n            return",
+           "        if False:\n            return",
+           (Tests(("tests/test_engine_idle_progress.py",)),),
+           "a survivor keeps probing its world after the driver's word of a death: MPICH's ofi aborts it when the "
+           "probe meets the dead peer's completion error"),
     Mutant("driver_count_never_released", "ringtrain/engine/driving.py",
            "            with engine._state_lock:\n                self.count -= 1",
            "            with engine._state_lock:\n                pass",
