@@ -213,7 +213,8 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
     if isinstance(tensor, tf.IndexedSlices):
         return _allreduce_indexed_slices(tensor, _auto_name("allreduce", name, tensor.values, process_set), op,
                                          process_set)
-    tensor = tf.convert_to_tensor(tensor)
+    if not isinstance(tensor, tf.Tensor):        # (convert_to_tensor returns a tensor itself, in ~5 us)
+        tensor = tf.convert_to_tensor(tensor)
     if tf.executing_eagerly() and not record.could_possibly_record():
         return _allreduce_eager(tensor, compression, op, prescale_factor, postscale_factor, name, process_set)
     name = _auto_name("allreduce", name, tensor, process_set)
