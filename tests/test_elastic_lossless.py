@@ -164,25 +164,6 @@ def test_lossless_two_deaths_at_once_then_one_during_the_sync(tmp_path):
     check_lossless(job, history, workers, step, point, redealt_in=1)
 
 
-def test_a_survivor_stuck_after_a_death_is_lost_not_the_job(tmp_path):
-    """3 workers: rank 1 is SIGKILLed as a step begins, and rank 2, told of it, hangs in a blocking C call (as in a
-    hung MPI_Abort: MPICH's ofi aborts a survivor whose probe meets the dead peer's endpoint). Its leave watchdog
-    ends it after RINGTRAIN_ELASTIC_LEAVE_TIMEOUT_S, the driver counts one more death, and rank 0 goes on alone: the
-    final state equals the replay, and the recovery waited for the leave timeout, not the driver's 120 s."""
-    job = run_elastic("-np", "3", "--min-np", "1", script="train_lossless.py", OPTIMIZER="sgd", KILL_RANK=1,
-                      KILL_STEP=2, KILL_AT="before", HANG_RANK=2, RINGTRAIN_ELASTIC_LEAVE_TIMEOUT_S=2)
-    assert job.returncode == 0, job
-    assert "rank 1: KILLED" in job.output and "rank 2: HANGING" in job.output, job
-    assert re.search(r"ringtrain: worker localhost\[2\]#\d+ could not leave world 1 within 2 s "
-                     r"\(RINGTRAIN_ELASTIC_LEAVE_TIMEOUT_S\) of a death in it", job.output), job
-    assert "in hang_here" in job.output, job                       # where its main thread was
-    assert re.search(r"worker localhost\[2\] \(rank 2 of world 1\) (lost its connection|exited with code 1)", job.output), job
-    assert "world 2: 1 workers" in job.output and "did not leave" not in job.output, job
-    history = check_against_replay(job, "sgd")
-    assert [size for size, _ in history] == [3, 3] + [1] * (len(history) - 2), job     # steps 0-1 kept
-    assert job.seconds < 60, job                                   # not the driver's 120 s
-
-
 def check_lossless(job, history, workers, step, point, redealt_in):
     """No completed step lost; the samples dealt again (reported by the first world of size `redealt_in` to
     start training) at most one step's worth."""
@@ -220,26 +201,46 @@ def test_rollback_mode_with_commits_equals_the_replay_of_the_committed_steps():
     assert _redealt(job, 2) == [2 * 3 * 2] * 2, job                    # steps 2 and 3 dealt again
 
 
-def test_scale_down_a_removed_slots_worker_leaves_at_a_step_boundary_and_nothing_is_undone(tmp_path):
-    """The discovery script drops a slot mid-run: its worker leaves at the next step boundary (exit 0, saying
-    why), the others go on without a roll-back or a sync, and the final state equals the replay."""
+def test_scale_down_at_a_step_boundary_then_a_survivor_stuck_after_a_death_is_lost_not_the_job(tmp_path):
+    """4 workers. The discovery script drops a slot mid-run: its worker leaves at the next step boundary (exit 0,
+    saying why), the others go on without a roll-back or a sync. Then, in that world of 3, rank 1 is SIGKILLed as a
+    step begins and rank 2, told of it, hangs in a blocking C call (as in a hung MPI_Abort: MPICH's ofi aborts a
+    survivor whose probe meets the dead peer's endpoint). Its leave watchdog ends it after
+    RINGTRAIN_ELASTIC_LEAVE_TIMEOUT_S, the driver counts one more death (not its own leave backstop), and rank 0
+    goes on alone. The final state equals the replay."""
     hosts = tmp_path / "hosts"
-    hosts.write_text("localhost:3\n")
+    hosts.write_text("localhost:4\n")
     script = tmp_path / "discover.sh"
     script.write_text(f"#!/bin/sh\ncat {hosts}\n")
     script.chmod(0o755)
-    job = run_elastic("-np", "3", "--min-np", "2", "--host-discovery-script", str(script), script="train_lossless.py",
-                      OPTIMIZER="sgd", SHRINK_HOSTS_FILE=hosts, SHRINK_STEP=2)
+    job = run_elastic("-np", "4", "--min-np", "1", "--host-discovery-script", str(script), script="train_lossless.py",
+                      OPTIMIZER="sgd", SHRINK_HOSTS_FILE=hosts, SHRINK_STEP=2, KILL_WORLD=2, KILL_RANK=1, KILL_STEP=1,
+                      KILL_AT="before", HANG_RANK=2, RINGTRAIN_ELASTIC_LEAVE_TIMEOUT_S=2)
     assert job.returncode == 0, job
-    assert "localhost[2] leave world 1 at its next step boundary" in job.output, job
-    assert re.search(r"world 2: 2 workers; left: localhost\[2\]", job.output), job
-    assert re.search(r"worker localhost\[2\]#\d+ leaves the job: its slot localhost\[2\] is no longer in the host "
+    # the scale-down
+    assert "localhost[3] leave world 1 at its next step boundary" in job.output, job
+    assert re.search(r"world 2: 3 workers; left: localhost\[3\]", job.output), job
+    assert re.search(r"worker localhost\[3\]#\d+ leaves the job: its slot localhost\[3\] is no longer in the host "
                      r"list", job.output), job
-    assert "KILLED" not in job.output and "lost its connection" not in job.output, job
+    assert "KILLED" not in job.output.split("world 2: 3 workers")[0], job
+    dead = re.findall(r"^ringtrain-run: worker (localhost\[\d\])[^;\n]* (?:lost its connection|exited with code|was "
+                      r"killed)", job.output, re.M)
+    assert sorted(dead) == ["localhost[1]", "localhost[2]"], job      # the leaving worker is no death
+    assert _redealt(job, 3) == [8, 8, 8], job                           # the step that raised the interrupt
+    # the stuck survivor
+    assert "rank 1: KILLED" in job.output and "rank 2: HANGING" in job.output, job
+    assert re.search(r"ringtrain: worker localhost\[2\]#\d+ could not leave world 2 within 2 s "
+                     r"\(RINGTRAIN_ELASTIC_LEAVE_TIMEOUT_S\) of a death in it", job.output), job
+    assert "in hang_here" in job.output, job                           # where its main thread was
+    assert re.search(r"worker localhost\[2\] \(rank 2 of world 2\) (lost its connection|exited with code 1)",
+                     job.output), job
+    assert "world 3: 1 workers" in job.output and "did not leave" not in job.output, job
+    assert _redealt(job, 1) == [6], job                                 # the step the death cut
     history = check_against_replay(job, "sgd")
-    first_world_steps = next(i for i, (size, _) in enumerate(history) if size != 3)
+    sizes = [size for size, _ in history]
+    first_world_steps = sizes.index(3)
     assert first_world_steps >= 3, job                                  # steps 0-2 kept: nothing rolled back
-    assert _redealt(job, 2) == [6, 6], job                              # the step that raised the interrupt
+    assert sizes == [4] * first_world_steps + [3] + [1] * (len(sizes) - first_world_steps - 1), job
 
 
 def test_a_discovery_script_failing_at_the_start_ends_the_job_naming_it(tmp_path):

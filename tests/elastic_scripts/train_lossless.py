@@ -10,8 +10,8 @@ trains every sample exactly once.
 Lossless mode (the default) has no commit() here at all. SHARD=optimizer or gradients: a sharded optimizer
 (DistributedOptimizer(..., shard=SHARD)); the final optimizer state is then consolidated on rank 0. ROLLBACK=1 runs Horovod's roll-back mode with a commit
 every COMMIT_EVERY steps.
-Environment: KILL_RANK=r[,r2...] KILL_STEP=s KILL_AT=where: in the first world, rank r (each listed) SIGKILLs
-itself in step s --
+Environment: KILL_RANK=r[,r2...] KILL_STEP=s KILL_AT=where: in the first world (KILL_WORLD=n: the n-th), rank r
+(each listed) SIGKILLs itself in step s (of that world's train()) --
   before     as the step begins
   backward   after its backward pass (its gradients may be on their way)
   in_step    inside optimizer.step(), before its gradients are reduced
@@ -19,7 +19,7 @@ itself in step s --
   timer:t    t seconds into the step (a thread), wherever the step is then
 SYNC_KILL=1: in the second world, its last rank dies half way through sync() (die_during_the_second_sync).
 FORM_KILL=r: rank r of the first world dies when the second world's plan reaches it (while that world forms).
-HANG_RANK=r: in the first world, rank r (a survivor) hangs in a blocking C call in step KILL_STEP once the driver
+HANG_RANK=r: in that world, rank r (a survivor) hangs in a blocking C call in step KILL_STEP once the driver
 told it of the death there ("rank r: HANGING"), where no abort reaches it (as in a hung MPI_Abort).
 JOIN=1: a worker started later (after the blacklist cooldown) must join; the smaller world waits for the news of it.
 SHRINK_HOSTS_FILE=f SHRINK_STEP=s: after step s of the first world rank 0 writes one slot fewer into the discovery
@@ -108,19 +108,24 @@ def in_first_world():
     return elastic_worker.client().generation == 1
 
 
+def in_kill_world():
+    """KILL_WORLD=n (1 by default): the world whose ranks KILL_RANK, KILL_STEP and HANG_RANK name."""
+    return elastic_worker.client().generation == int(os.environ.get("KILL_WORLD", "1"))
+
+
 def doomed():
     """KILL_RANK=r or r,s,...: the ranks of the first world that die."""
     return str(hvd.rank()) in os.environ.get("KILL_RANK", "").split(",")
 
 
 def kill_here(where, batch):
-    if where == KILL_AT and batch == KILL_STEP and in_first_world() and doomed():
+    if where == KILL_AT and batch == KILL_STEP and in_kill_world() and doomed():
         die()
 
 
 def hang_here(batch):
-    """HANG_RANK=r: rank r of the first world blocks in libc's sleep() in step KILL_STEP, after the death."""
-    if batch != KILL_STEP or not in_first_world() or str(hvd.rank()) != os.environ.get("HANG_RANK"):
+    """HANG_RANK=r: rank r of KILL_WORLD blocks in libc's sleep() in step KILL_STEP, after the death."""
+    if batch != KILL_STEP or not in_kill_world() or str(hvd.rank()) != os.environ.get("HANG_RANK"):
         return
     driver = elastic_worker.client()
     deadline = time.monotonic() + 60
@@ -222,7 +227,7 @@ def train(state):
             current["batch"] = batch
             shards = [shard[batch * BATCH:(batch + 1) * BATCH] for shard in state.sampler._shards()]
             attempted.update(i for shard in shards for i in shard)
-            if in_first_world() and KILL_AT.startswith("timer:") and batch == KILL_STEP and doomed():
+            if in_kill_world() and KILL_AT.startswith("timer:") and batch == KILL_STEP and doomed():
                 threading.Timer(float(KILL_AT.split(":")[1]), die).start()
             kill_here("before", batch)
             hang_here(batch)
