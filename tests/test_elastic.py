@@ -25,33 +25,22 @@ from elastic_jobs import HARD_KILL_S, REPO, SCRIPTS, needs_mpiexec, run_elastic
 pytestmark = needs_mpiexec
 
 
-def test_sigkilled_worker_survivors_roll_back_to_their_commit_and_finish():
-    job = run_elastic("-np", "3", "--min-np", "2", KILL_RANK=1, KILL_STEP=5)
-    assert job.returncode == 0, job
-    assert "rank 1: KILLED" in job.output, job
-    assert re.search(r"worker localhost\[\d\] \(rank 1 of world 1\) lost its connection.*2 workers left", job.output), job
-    assert "world 2: 2 workers" in job.output, job
-    restored = job.lines("RESET")
-    assert sorted(restored) == [0, 1], job                         # both survivors rolled back (new ranks 0, 1)
-    for lines in restored.values():
-        assert len(lines) == 1 and lines[0]["live"] == lines[0]["committed"] != "None", job   # bit for bit
-    final = job.lines("FINAL")
-    assert sorted(final) == [0, 1], job
-    assert {f[0]["size"] for f in final.values()} == {"2"}, job
-    assert {f[0]["counts"] for f in final.values()} == {"ok"}, job     # every sample exactly once
-    assert len({f[0]["digest"] for f in final.values()}) == 1, job     # and the survivors agree
-
-
-def test_survivors_rolled_back_to_different_commits_all_go_on_from_rank_0s_state(tmp_path):
-    """The killed worker dies once step 3 returned everywhere: rank 2 records it and saves the commit that follows
-    (whose collective check then fails), while rank 0 learns of the death first and rolls back to the commit
-    before. Every rank must take rank 0's state, its sampler record included, so steps 2-3 are trained again."""
+def test_sigkilled_worker_survivors_rolled_back_to_different_commits_all_go_on_from_rank_0s_state(tmp_path):
+    """A SIGKILLed worker: the survivors roll back to their commits (bit for bit) and finish in a world of 2, every
+    sample trained exactly once. Here it dies once step 3 returned everywhere: rank 2 records it and saves the commit
+    that follows (whose collective check then fails), while rank 0 learns of the death first and rolls back to the
+    commit before. Every rank must take rank 0's state, its sampler record included, so steps 2-3 are trained
+    again."""
     # Rank 0, idle in fail_with_the_world, follows rank 2 into the commit's check cycle on its engine thread after
     # the driver told it of the death: that cycle must end in the abort, not in a send to the dead rank (which
     # crashes inside MPICH)
     job = run_elastic("-np", "3", "--min-np", "2", KILL_RANK=1, KILL_AFTER_STEP=3, LATE_RANK=0,
                       STEP_MARKS_DIR=tmp_path)
     assert job.returncode == 0, job
+    assert "rank 1: KILLED" in job.output, job
+    assert re.search(r"worker localhost\[\d\] \(rank 1 of world 1\) lost its connection.*2 workers left",
+                     job.output), job
+    assert "world 2: 2 workers" in job.output, job
     restored = job.lines("RESET")
     assert sorted(restored) == [0, 1] and {len(lines) for lines in restored.values()} == {1}, job
     assert restored[0][0]["committed"] != restored[1][0]["committed"], job     # two different commits
@@ -59,6 +48,7 @@ def test_survivors_rolled_back_to_different_commits_all_go_on_from_rank_0s_state
         assert lines[0]["live"] == lines[0]["committed"] != "None", job
     final = job.lines("FINAL")
     assert sorted(final) == [0, 1] and {f[0]["counts"] for f in final.values()} == {"ok"}, job
+    assert {f[0]["size"] for f in final.values()} == {"2"}, job
     assert len({f[0]["digest"] for f in final.values()}) == 1, job
 
 
@@ -141,6 +131,7 @@ def test_worker_failing_at_start_is_blacklisted_and_the_job_goes_on():
     assert "world 1: 2 workers" in job.output, job
     final = job.lines("FINAL")
     assert sorted(final) == [0, 1] and {f[0]["counts"] for f in final.values()} == {"ok"}, job
+    assert {f[0]["size"] for f in final.values()} == {"2"}, job
 
 
 def _keras_available():
@@ -169,6 +160,7 @@ def test_keras_fit_sigkilled_worker_survivors_roll_back_and_finish():
         assert len(lines) == 1 and lines[0]["live"] == lines[0]["committed"] != "None", job
     final = job.lines("FINAL")
     assert sorted(final) == [0, 1] and {f[0]["counts"] for f in final.values()} == {"ok"}, job
+    assert {f[0]["size"] for f in final.values()} == {"2"}, job
     assert len({f[0]["digest"] for f in final.values()}) == 1, job
 
 
