@@ -25,6 +25,8 @@ import threading
 
 import numpy as np
 
+from ..aligned import aligned_view
+
 MIN_BYTES = 32 << 20
 KEEP = 2
 ALIGNED_BYTES = 256 << 10
@@ -47,7 +49,8 @@ class ResultPool:
             with self._lock:
                 return self._take(nbytes).view(dtype).reshape(shape)
         if nbytes >= self._aligned_bytes:
-            return _aligned(np.empty(nbytes + ALIGNMENT, dtype=np.uint8), nbytes).view(dtype).reshape(shape)
+            raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
+            return aligned_view(raw, nbytes, ALIGNMENT).view(dtype).reshape(shape)
         return np.empty(shape, dtype=dtype)
 
     def _take(self, nbytes):
@@ -57,19 +60,13 @@ class ResultPool:
         free = [i for i, b in enumerate(_unreferenced(self._blocks)) if b is not None]
         for i in free:
             if self._blocks[i].nbytes == nbytes + ALIGNMENT:
-                return _aligned(self._blocks[i], nbytes)
+                return aligned_view(self._blocks[i], nbytes, ALIGNMENT)
         block = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
         if len(self._blocks) < self._keep:
             self._blocks.append(block)
         elif free:                     # an unused block of another size makes room
             self._blocks[free[0]] = block
-        return _aligned(block, nbytes)
-
-
-def _aligned(raw, nbytes):
-    """nbytes of raw (ALIGNMENT more than that) starting on an ALIGNMENT boundary."""
-    start = -raw.__array_interface__["data"][0] % ALIGNMENT
-    return raw[start:start + nbytes]
+        return aligned_view(block, nbytes, ALIGNMENT)
 
 
 def _counts(blocks):

@@ -11,11 +11,12 @@ Measured with tensorflow-cpu 2.21 (benchmarks/results/tf_zero_copy.txt; docs/gui
 - GPU tensors go to cupy through DLPack (ringtrain.gpu, imported only when a GPU tensor is seen) and come back the
   same way. Not exercised on this project's CPU-only CI.
 """
-import math
 
 import ml_dtypes
 import numpy as np
 import tensorflow as tf
+
+from ringtrain import aligned
 
 TF_ALIGNMENT = 64          # Eigen's EIGEN_MAX_ALIGN_BYTES on x86-64 with AVX-512
 _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
@@ -23,11 +24,7 @@ _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
 def aligned_empty(shape, dtype):
     """An uninitialised C-contiguous numpy array whose data starts on a TF_ALIGNMENT boundary."""
-    dtype = np.dtype(dtype)
-    nbytes = math.prod(shape) * dtype.itemsize      # math.prod and __array_interface__: ~10 us less than np.prod
-    raw = np.empty(nbytes + TF_ALIGNMENT, np.uint8)     # and .ctypes on every eager call
-    start = -_address(raw) % TF_ALIGNMENT
-    return raw[start:start + nbytes].view(dtype).reshape(shape)
+    return aligned.aligned_empty(shape, dtype, TF_ALIGNMENT)
 
 
 def _address(array):
