@@ -107,5 +107,7 @@ def test_a_late_rank_is_named_and_a_balanced_job_names_nobody(monkeypatch):
         on_late = sum(e["dur"] for e in waits if e["args"]["late rank"] == late)
         # the late rank holds (nearly) all of the waiting; a peer's scheduling hiccup may add a short mark
         assert on_late >= 0.75 * sum(e["dur"] for e in waits), json.dumps(waits)
-        longest = max(waits, key=lambda e: e["dur"])
-        assert longest["name"] == f"waiting for rank {late}" and longest["dur"] > 10e3, json.dumps(waits)
+        # and its marks are the long ones (its ~20 ms a step); with 4 ranks on 2 cores another rank, descheduled in
+        # one step, may come last there and hold a mark as long
+        longest_on_late = max((e["dur"] for e in waits if e["args"]["late rank"] == late), default=0)
+        assert longest_on_late > 10e3, json.dumps(waits)
