@@ -1,7 +1,7 @@
 """Runs tests/parallel_jax/ (ringtrain.jax on N ranks) as real mpiexec jobs, each with a hard timeout.
 
-The whole directory at 2 ranks; collectives and gradients at 3 (uneven blocks, a root that is neither first nor
-last); the optimizer's equivalence with one process again at 4; all three through the XLA FFI
+The whole directory at 2 ranks; collectives, gradients and the optimizer's equivalence with one process at 3
+(uneven blocks and shards, a root that is neither first nor last); both through the XLA FFI
 handler (RINGTRAIN_JAX_LOWERING=ffi wherever a C++ compiler is present: a failed build fails them). Errors and
 the optimizer again at 2 through JAX's Python host callback, the fallback where the handler cannot be built
 (tests/test_jax_host_call.py runs that lowering over every dtype in one process). The example at 2 (>= 0.9 test
@@ -41,10 +41,9 @@ def files(*names):
 @pytest.mark.timeout(JOB_TIMEOUT_S + 60)
 @pytest.mark.parametrize("num_ranks, target, lowering", [
     (2, PARALLEL_JAX_DIR, FFI),
-    (3, files("test_jax_collectives.py", "test_jax_gradients.py"), FFI),
-    (4, files("test_jax_optimizer.py"), FFI),
+    (3, files("test_jax_collectives.py", "test_jax_gradients.py", "test_jax_optimizer.py"), FFI),
     (2, files("test_jax_errors.py", "test_jax_optimizer.py"), "callback"),
-], ids=["2-all", "3-collectives-gradients", "4-optimizer", "2-host-callback"])
+], ids=["2-all", "3-collectives-gradients-optimizer", "2-host-callback"])
 def test_parallel_jax_suite(num_ranks, target, lowering):
     run_job(num_ranks, target, JOB_TIMEOUT_S, extra_env={"XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false",
                                                           "RINGTRAIN_JAX_LOWERING": lowering})

@@ -1,7 +1,8 @@
 """Runs tests/parallel_tf/ (ringtrain.tensorflow and ringtrain.keras on N ranks) as real mpiexec jobs.
 
 A separate job from tests/parallel/: importing TensorFlow costs seconds per process and a Keras fit is slow on
-shared cores, so everything runs at 2 ranks and the collectives (where uneven splits need a third rank) at 3. Without TensorFlow installed the jobs skip with a reason, but FAIL in CI
+shared cores, so everything runs at 2 ranks, and at 3 the collectives (where uneven splits need a third rank) and
+independent collectives created in a different order on each rank. Without TensorFlow installed the jobs skip with a reason, but FAIL in CI
 (RINGTRAIN_REQUIRE_EXTRAS=1, set by .ci/run): the TF tests must never silently disappear there.
 
 By hand:  mpiexec -n 2 python -m pytest --with-mpi tests/parallel_tf
@@ -38,16 +39,3 @@ def test_parallel_tf_suite(num_ranks, target):
     run_job(num_ranks, target, JOB_TIMEOUT_S,
             extra_env={"TF_CPP_MIN_LOG_LEVEL": "2",      # TF's C++ start-up chatter would bury the output tail
                        "RINGTRAIN_STALL_TIMEOUT_S": "20"})   # a deadlock of the order tests fails quickly
-
-
-ORDER_JOB_TIMEOUT_S = 300
-
-
-@pytest.mark.timeout(ORDER_JOB_TIMEOUT_S + 60)
-@pytest.mark.parametrize("num_ranks", [4])
-def test_collectives_in_any_order(num_ranks):
-    """Independent collectives created in a different order on each rank (2 and 3 ranks: in the suite above); a
-    short stall timeout turns a deadlock into a quick failure."""
-    require_tensorflow()
-    run_job(num_ranks, os.path.join(PARALLEL_TF_DIR, "test_tf_collective_order.py"), ORDER_JOB_TIMEOUT_S,
-            extra_env={"TF_CPP_MIN_LOG_LEVEL": "2", "RINGTRAIN_STALL_TIMEOUT_S": "20"})
