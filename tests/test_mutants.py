@@ -4,6 +4,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -45,6 +46,36 @@ def test_commands_run_pytest_in_one_process_or_under_mpiexec():
     assert single[:3] == [sys.executable, "-m", "pytest"] and single[-2:] == ["-k", "x and y"]
     job = mutants.command(mutants.Tests(("tests/parallel/test_b.py",), ranks=3))
     assert job[1:3] == ["-n", "3"] and "--with-mpi" in job and "mpi4py" in job
+
+
+def test_a_jobs_processes_in_sessions_of_their_own_are_killed_after_it(tmp_path):
+    """An elastic job's driver and workers start their own sessions: killing the job's group would leave them."""
+    env = dict(os.environ, RINGTRAIN_MUTANT_ROOT=str(tmp_path))
+    child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.Popen([sys.executable, '-c', "
+                              "'import time; time.sleep(60)'], start_new_session=True).wait()"],
+                             env=env, start_new_session=True)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])     # not the job's: stays
+    try:
+        deadline = time.monotonic() + 10
+        while len(_children_of(child.pid)) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        grandchild = _children_of(child.pid)[0]
+        mutants.kill_leftovers(str(tmp_path))
+        assert child.wait(timeout=10) == -9
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{grandchild}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not os.path.exists(f"/proc/{grandchild}")
+        assert other.poll() is None
+    finally:
+        for p in (child, other):
+            p.kill()
+            p.wait()
+
+
+def _children_of(pid):
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(c) for c in f.read().split()]
 
 
 def test_every_mutant_names_test_files_that_exist():

@@ -1486,7 +1486,7 @@ def command(tests):
 def run_tests(tests, root):
     """(passed, seconds, output tail) of one test command run in the tree at root."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.path.join(root, "tests")]), OMP_NUM_THREADS="1",
-               RINGTRAIN_STALL_TIMEOUT_S="30")
+               RINGTRAIN_STALL_TIMEOUT_S="30", RINGTRAIN_MUTANT_ROOT=root)
     if tests.ranks:
         env["RINGTRAIN_TEST_WORLD_SIZE"] = str(tests.ranks)
     env.update(tests.env)
@@ -1501,7 +1501,23 @@ def run_tests(tests, root):
         output, _ = proc.communicate()
         output += ("\n" + KILLED % JOB_TIMEOUT_S).encode()
         passed = False
+    kill_leftovers(root)
     return passed, time.monotonic() - start, output.decode(errors="replace")[-3000:]
+
+
+def kill_leftovers(root):
+    """SIGKILL every process still running from the job at root: an elastic job's driver and workers run in sessions
+    of their own, so killing the job's process group leaves them behind. They all inherit RINGTRAIN_MUTANT_ROOT."""
+    marker = f"RINGTRAIN_MUTANT_ROOT={root}\0".encode()
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if marker in f.read() + b"\0":
+                    os.kill(int(entry), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            pass
 
 
 def check_imports_from(root):
