@@ -345,6 +345,65 @@ def test_shm_allreduce_out_of_ordinary_memory_into_the_region():
 
 
 @pytest.mark.mpi(min_size=2)
+def test_shm_streamed_out_of_place_results_equal_the_ordinary_path_bit_for_bit(monkeypatch):
+    """Out-of-place float allreduces whose result is written with non-temporal stores (stream_copy.py; here from
+    any size): numpy-equal on small integers, and on random floats bitwise equal to the same transport's ordinary
+    path, for float32/float64, Sum with the scales 1 and 1/size, an odd size, chunks and pieces, a result not on a
+    vector boundary and one not even on an element boundary (that one takes the ordinary path), in place alongside."""
+    from ringtrain import stream_copy
+    comm = MPI.COMM_WORLD
+    if not stream_copy.available():
+        pytest.skip(f"no stream-copy module: {stream_copy.library()}")
+    wrong = Mismatches()
+    t = make_transport("shm", fusion_threshold=1 << 20, stall_timeout_s=20)
+    t.private_chunk_bytes = 32768
+    t.cache_piece_bytes = 1000
+    streamed = []
+    real = stream_copy.reduce_push
+    monkeypatch.setattr(stream_copy, "reduce_push", lambda *a: streamed.append(1) or real(*a))
+    try:
+        for dtype_name in ("float32", "float64"):
+            dtype = DTYPES[dtype_name]
+            for size in (16411,):
+                exact = rank_inputs(size, dtype_name, ReduceOp.SUM, 11, comm.size)
+                floats = [np.random.default_rng([12, r, size]).standard_normal(size).astype(dtype)
+                          for r in range(comm.size)]
+                for scale, shift in ((1.0, 0), (1.0 / comm.size, 1)):
+                    results = {}
+                    for threshold in (0, 1 << 62):               # streamed, then the ordinary path
+                        monkeypatch.setattr(stream_copy, "STREAM_BYTES", threshold)
+                        for label, inputs in (("exact", exact), ("floats", floats)):
+                            out = np.full(size + 1, -1, dtype)[shift: shift + size]
+                            src = inputs[comm.rank].copy()
+                            streamed.clear()
+                            t.allreduce_out(src, out, ReduceOp.SUM, scale)
+                            assert bool(streamed) == (threshold == 0), (threshold, streamed)
+                            results[label, threshold] = out.copy()
+                            wrong.check(src, inputs[comm.rank].astype(np.float64), "its input")
+                    what = f"{dtype_name} {size} scale {scale} shift {shift}"
+                    want = (reference(exact, ReduceOp.SUM).astype(dtype) * dtype.type(scale)).astype(np.float64)
+                    wrong.check(results["exact", 0], want, f"streamed, {what}")
+                    if not np.array_equal(results["floats", 0], results["floats", 1 << 62]):
+                        wrong.found.append(f"rank {comm.rank}: {what}: streamed and ordinary float results differ")
+            # an element-misaligned result and an in-place call: never streamed, still right
+            monkeypatch.setattr(stream_copy, "STREAM_BYTES", 0)
+            size = 16411
+            exact = rank_inputs(size, dtype_name, ReduceOp.SUM, 13, comm.size)
+            want = reference(exact, ReduceOp.SUM)
+            odd = np.zeros(size * dtype.itemsize + 1, np.uint8)[1:].view(dtype)
+            streamed.clear()
+            t.allreduce_out(exact[comm.rank].copy(), odd, ReduceOp.SUM)
+            wrong.check(odd, want, f"{dtype_name} element-misaligned result")
+            inplace = exact[comm.rank].copy()
+            t.allreduce_out(inplace, inplace, ReduceOp.SUM)
+            wrong.check(inplace, want, f"{dtype_name} in place")
+            assert not streamed
+        wrong.assert_none()
+    finally:
+        t.close()
+
+
+@pytest.mark.mpi(min_size=2)
 def test_shm_rejects_a_communicator_spanning_nodes():
     """Split_type only sees one node here, so emulate two 'nodes' by splitting the world: the shm transport
     must refuse a communicator whose ranks it cannot all map."""
