@@ -27,6 +27,9 @@ median over rounds is reported:
                         the ranks as a metric, the way training scripts log one: hvd.allreduce(loss.detach()),
                         unnamed and out of place, once per step. Interleaved in the same rounds as the mode without
                         it, so the two are a same-run A/B; metric_ms is the call's own time inside the step
+  <mode>+mpimetric      (--metric) the same, the scalar averaged with MPI_Allreduce (mpi4py) at the same point:
+                        what any allreduce after step() pays there (the wait for the slowest rank), so ringtrain's
+                        own cost is metric_ms minus this twin's
   horovod               horovod.torch.DistributedOptimizer, only where Horovod is installed (a benchmark peer, never
                         a dependency: benchmarks/build_horovod_peer.sh builds it into a venv of its own; run this
                         script with that venv's python). It is initialised for its own rounds only, so its
@@ -63,6 +66,7 @@ MODES = ("no-comm", "lockstep", "ringtrain-after-backward", "ringtrain-overlap",
 LOCAL_MODES = ("no-comm", "lockstep")   # no gradient traffic: each rank trains its own copy of the model
 RINGTRAIN_OVERLAP = {"ringtrain-after-backward": False, "ringtrain-overlap": True}
 METRIC = "+metric"           # a mode's twin that also averages a scalar metric every step (--metric)
+MPI_METRIC = "+mpimetric"    # its twin that averages the same scalar through MPI_Allreduce instead (--metric)
 MODELS = ("convnet", "mlp", "resnet18")
 DEFAULT_MODELS = ("convnet", "mlp")
 MLP_BLOCKS = 100             # 4 tensors per block + the head's 2: 402 gradient tensors at any width
@@ -314,7 +318,8 @@ def train_mode(mode, model_name, width, args, torch, comm, inputs, labels, bindi
 
     from ringtrain.torch.gradient_hooks import default_overlap
 
-    mode, metric = mode.removesuffix(METRIC), mode.endswith(METRIC)
+    metric = "mpi" if mode.endswith(MPI_METRIC) else mode.endswith(METRIC)
+    mode = mode.removesuffix(MPI_METRIC).removesuffix(METRIC)
     if mode == "horovod":
         hvd.init()   # its background thread runs for Horovod's own rounds only
     torch.manual_seed(0)
@@ -334,6 +339,7 @@ def train_mode(mode, model_name, width, args, torch, comm, inputs, labels, bindi
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named)
     loss_fn = torch.nn.CrossEntropyLoss()
     metric_s = [0.0]
+    mpi_sum = np.zeros(1, np.float32)
 
     def step():
         optimizer.zero_grad()
@@ -345,7 +351,11 @@ def train_mode(mode, model_name, width, args, torch, comm, inputs, labels, bindi
         optimizer.step()
         if metric:           # the mean loss over the ranks, as a training script logs it
             metric_start = time.perf_counter()
-            binding.allreduce(loss.detach())
+            if metric == "mpi":      # the same scalar at the same point through MPI: what any allreduce costs here
+                comm.Allreduce(loss.detach().numpy().reshape(1), mpi_sum, op=MPI.SUM)
+                mpi_sum[0] /= comm.Get_size()
+            else:
+                binding.allreduce(loss.detach())
             metric_s[0] += time.perf_counter() - metric_start
         return backward_end
 
@@ -380,7 +390,7 @@ def train_mode(mode, model_name, width, args, torch, comm, inputs, labels, bindi
     if mode == "horovod":
         hvd.shutdown()
     ranks = comm.Get_size()
-    result = {"mode": mode + (METRIC if metric else ""), "ranks": ranks, "step_ms": 1e3 * elapsed / args.steps,
+    result = {"mode": mode + {False: "", True: METRIC, "mpi": MPI_METRIC}[metric], "ranks": ranks, "step_ms": 1e3 * elapsed / args.steps,
               "samples_per_s_per_rank": args.batch * args.steps / elapsed,
               "samples_per_s_total": ranks * args.batch * args.steps / elapsed,
               "after_backward_ms": 1e3 * after_backward / args.steps,
@@ -489,32 +499,44 @@ def print_report(records, jobs, rounds):
                   f"zero_grad+forward+backward, after_bwd_ms = the rest of the step (means over ranks)"))
         print()
     print(target_table(records))
-    if any(r["mode"].endswith(METRIC) for r in records):
+    if any(r["mode"].endswith((METRIC, MPI_METRIC)) for r in records):
         print()
         print(metric_table(records))
 
 
 def metric_table(records):
     """What averaging one scalar metric per step costs each mode that ran with and without it: the call's own time
-    inside the step as a share of the step without it, and the step times of the two twins (same rounds)."""
+    inside the step as a share of the step without it, and the step times of the twins (same rounds). Beside it the
+    same scalar averaged through MPI_Allreduce at the same point of the step (the +mpimetric twin): any allreduce
+    there waits for the slowest rank to finish its step, so MPI's time is mostly that wait (at one rank: a cold
+    call after the step's computation evicted the caches), and metric_us minus it is what ringtrain's call adds."""
     rows = []
     for r in records:
         if not r["mode"].endswith(METRIC) or "skipped" in r:
             continue
-        base = next((b for b in records if (b["model"], b["ranks"], b["mode"]) ==
-                     (r["model"], r["ranks"], r["mode"].removesuffix(METRIC)) and "skipped" not in b), None)
+        key = (r["model"], r["ranks"])
+        twins = {b["mode"]: b for b in records if (b["model"], b["ranks"]) == key and "skipped" not in b}
+        plain = r["mode"].removesuffix(METRIC)
+        base, mpi = twins.get(plain), twins.get(plain + MPI_METRIC)
         if base is None:
             continue
         # per round: samples/s without over with (the twins ran back to back), median over rounds
         paired = sorted(b / m for b, m in zip(base["rounds"], r["rounds"]))
+        excess = None if mpi is None else r["metric_ms"] - mpi["metric_ms"]
         rows.append([r["model"], r["ranks"], base["mode"], f"{base['step_ms']:.2f}", f"{r['step_ms']:.2f}",
                      f"{1e3 * r['metric_ms']:.1f}", f"{100 * r['metric_ms'] / base['step_ms']:.2f}%",
+                     "-" if mpi is None else f"{1e3 * mpi['metric_ms']:.1f}",
+                     "-" if excess is None else f"{1e3 * excess:.1f}",
+                     "-" if excess is None else f"{100 * excess / base['step_ms']:.2f}%",
                      f"{100 * (common.median(paired) - 1):+.1f}%"])
     return common.format_table(
-        ["model", "ranks", "mode", "step_ms", "step_ms+metric", "metric_us", "metric_share", "paired_step_change"],
+        ["model", "ranks", "mode", "step_ms", "step_ms+metric", "metric_us", "metric_share", "mpi_metric_us",
+         "excess_us", "excess_share", "paired_step_change"],
         rows, title="a scalar metric averaged every step (hvd.allreduce(loss.detach()), unnamed, out of place): "
                     "metric_us = the call's own time per step (mean over ranks), metric_share = that over the step "
-                    "without it; paired_step_change = median over rounds of the step time with it over without it")
+                    "without it; mpi_metric_us = MPI_Allreduce of the same scalar at the same point (the wait for "
+                    "the slowest rank that any allreduce there pays), excess = metric_us minus it; "
+                    "paired_step_change = median over rounds of the step time with it over without it")
 
 
 def target_table(records):
@@ -616,8 +638,8 @@ def parse_args(argv=None):
     args.job_timeout = args.job_timeout or (100 if quick else 900)
     if args.metric:
         args.modes = ",".join(m + twin for m in args.modes.split(",")
-                              for twin in (("", METRIC) if m in RINGTRAIN_OVERLAP else ("",)))
-    metric_modes = tuple(m + METRIC for m in RINGTRAIN_OVERLAP)
+                              for twin in (("", METRIC, MPI_METRIC) if m in RINGTRAIN_OVERLAP else ("",)))
+    metric_modes = tuple(m + twin for m in RINGTRAIN_OVERLAP for twin in (METRIC, MPI_METRIC))
     for option, chosen, known in (("modes", args.modes, MODES + metric_modes), ("models", args.models, MODELS)):
         unknown = set(chosen.split(",")) - set(known)
         if unknown:

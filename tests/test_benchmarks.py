@@ -527,10 +527,18 @@ def test_api_latency_quick_measures_every_form_beside_mpi(tmp_path):
 
 def test_train_scaling_metric_twins_and_their_table():
     args = train_scaling.parse_args(["--metric", "--modes", "no-comm,ringtrain-overlap,torch-ddp"])
-    assert args.modes == "no-comm,ringtrain-overlap,ringtrain-overlap+metric,torch-ddp"
+    assert args.modes == "no-comm,ringtrain-overlap,ringtrain-overlap+metric,ringtrain-overlap+mpimetric,torch-ddp"
     records = [{"model": "mlp", "ranks": 2, "mode": "ringtrain-overlap", "step_ms": 10.0, "rounds": [100.0, 90.0]},
                {"model": "mlp", "ranks": 2, "mode": "ringtrain-overlap+metric", "step_ms": 10.1, "metric_ms": 0.05,
-                "rounds": [99.0, 90.0]}]
-    row = [line.split() for line in train_scaling.metric_table(records).splitlines() if line.startswith("  mlp")]
-    # the call's own 50 us is 0.50% of the 10 ms step; per round 100/99 and 90/90: median +0.5%
-    assert row == [["mlp", "2", "ringtrain-overlap", "10.00", "10.10", "50.0", "0.50%", "+0.5%"]], row
+                "rounds": [99.0, 90.0]},
+               {"model": "mlp", "ranks": 2, "mode": "ringtrain-overlap+mpimetric", "step_ms": 10.1,
+                "metric_ms": 0.03, "rounds": [99.0, 90.0]},
+               {"model": "mlp", "ranks": 1, "mode": "ringtrain-overlap", "step_ms": 8.0, "rounds": [100.0]},
+               {"model": "mlp", "ranks": 1, "mode": "ringtrain-overlap+metric", "step_ms": 8.0, "metric_ms": 0.02,
+                "rounds": [100.0]}]
+    rows = [line.split() for line in train_scaling.metric_table(records).splitlines() if line.startswith("  mlp")]
+    # the call's own 50 us is 0.50% of the 10 ms step; MPI's 30 us at the same point leave 20 us = 0.20% as the
+    # call's excess; per round 100/99 and 90/90: median +0.5%. Without an MPI twin the excess is not known.
+    assert rows == [["mlp", "2", "ringtrain-overlap", "10.00", "10.10", "50.0", "0.50%", "30.0", "20.0", "0.20%",
+                     "+0.5%"],
+                    ["mlp", "1", "ringtrain-overlap", "8.00", "8.00", "20.0", "0.25%", "-", "-", "-", "+0.0%"]], rows
