@@ -11,6 +11,8 @@ taken in one job mean anything.
 Forms (torch unless named):
   in_place      hvd.allreduce_(t, name=...)
   out_of_place  hvd.allreduce(t, name=...)
+  out_of_place_unstreamed  the same with the shm transport's non-temporal result writes off (from 4 MB up it writes
+                the result as an in-place call would); only when --forms names it: a same-run A/B of those writes
   unnamed       hvd.allreduce(t)
   async_wait    hvd.synchronize(hvd.allreduce_async(t, name=...))
   async_wait_   hvd.synchronize(hvd.allreduce_async_(t, name=...))
@@ -42,6 +44,7 @@ from common import format_table, human_bytes, machine_info, median, write_json  
 SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20)
 CALLS = {4 << 10: 300, 64 << 10: 150, 1 << 20: 30, 16 << 20: 6}
 QUICK_CALLS = {4 << 10: 100, 64 << 10: 40, 1 << 20: 8, 16 << 20: 2}
+OPT_IN = {"out_of_place_unstreamed"}     # forms that run only when --forms names them
 
 
 def make_forms(args):
@@ -70,6 +73,7 @@ def make_forms(args):
     tensor_form("in_place", lambda s: hvd.allreduce_(s["t"], name=s["name"]))
     tensor_form("out_of_place", lambda s: hvd.allreduce(s["t"], name=s["name"]))
     tensor_form("unnamed", lambda s: hvd.allreduce(s["t"]))
+    tensor_form("out_of_place_unstreamed", lambda s: _unstreamed(hvd.allreduce, s["t"], s["name"]))
     tensor_form("async_wait", lambda s: hvd.synchronize(hvd.allreduce_async(s["t"], name=s["name"])))
     tensor_form("async_wait_", lambda s: hvd.synchronize(hvd.allreduce_async_(s["t"], name=s["name"])))
 
@@ -130,6 +134,16 @@ def make_forms(args):
     return forms
 
 
+def _unstreamed(allreduce, t, name):
+    """allreduce(t, name=name) with the shm transport's non-temporal result writes off (ringtrain/stream_copy.py)."""
+    from ringtrain import stream_copy
+    threshold, stream_copy.STREAM_BYTES = stream_copy.STREAM_BYTES, 1 << 62
+    try:
+        return allreduce(t, name=name)
+    finally:
+        stream_copy.STREAM_BYTES = threshold
+
+
 def _identity(x):
     return x
 
@@ -172,9 +186,8 @@ def main():
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     forms = make_forms(args)
-    if args.forms:
-        keep = set(args.forms.split(",")) | {"MPI_Allreduce"}
-        forms = {k: v for k, v in forms.items() if k in keep}
+    keep = set(args.forms.split(",")) if args.forms else set(forms) - OPT_IN
+    forms = {k: v for k, v in forms.items() if k in keep | {"MPI_Allreduce"}}
 
     times = {}             # (form, nbytes) -> [us per call, one per round]
     wrong = {}
