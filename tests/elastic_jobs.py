@@ -35,23 +35,7 @@ class Job:
         return f"exit {self.returncode} after {self.seconds:.1f}s; output:\n{self.output[-12000:]}"
 
 
-# MPICH's ofi network module aborts a survivor whose MPI call meets a killed peer's endpoint (a completion-queue
-# error, fatal whatever the error handler: docs/limitations.md). The job then loses that survivor too, and ends when
-# it happens while the next world forms. That is MPICH's failure, not the behaviour a test checks, and a kill in the
-# middle of a collective meets it now and then: a run it touched is run once more, and the test's output says so.
-# A second such run fails the test as any other failure does.
-MPICH_OFI_ABORT = re.compile(r"MPIDI_OFI_handle_cq_error|ofi_events\.c")
-
-
 def run_elastic(*launcher_args, script="train_counts.py", **env):
-    job = _run_elastic_once(launcher_args, script, env)
-    if MPICH_OFI_ABORT.search(job.output):
-        print(f"MPICH's ofi module aborted a survivor of this run: once more\n{job}")
-        job = _run_elastic_once(launcher_args, script, env)
-    return job
-
-
-def _run_elastic_once(launcher_args, script, env):
     environ = dict(os.environ)
     environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), environ.get("PYTHONPATH", "")]))
     environ.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", RINGTRAIN_STALL_TIMEOUT_S="60")

@@ -781,9 +781,41 @@ MUTANTS = [
     Mutant("elastic_formation_goes_before_every_worker_answered", "ringtrain/launch/elastic_driver.py",
            '            if len(self.forming["answered"]) == len(self.forming["members"]):\n',
            '            if self.forming["answered"]:\n',
-           (Tests((ELASTIC_LOSSLESS,), select="sharded and gradients"),),
+           (Tests((ELASTIC_LOSSLESS,), select="sharded and gradients",
+                  env=(("RINGTRAIN_TEST_FORM_KILL_AT", "plan"),)),),
            "the formation barrier lets the workers into MPI at the first answer: a worker that dies before answering "
            "leaves the others blocked in MPI's Accept and the job ends"),
+    Mutant("elastic_death_inside_the_formation_ends_the_job", "ringtrain/launch/elastic_driver.py",
+           '            when = "while" if self.forming["started"] else "before"\n',
+           '            if self.forming["started"]:\n'
+           '                raise ElasticJobError(f"worker {worker.label()} {how} while world {self.generation} formed")\n'
+           '            when = "before"\n',
+           (Tests((ELASTIC_LOSSLESS,), select="sharded and gradients",
+                  env=(("RINGTRAIN_TEST_FORM_KILL_AT", "mpi"), ("RINGTRAIN_TEST_SEED", "2"))),),
+           "a worker that dies once the world's MPI Accept/Connect began ends the job instead of a new plan"),
+    Mutant("elastic_joiner_connects_to_an_abandoned_world", "ringtrain/world/elastic_worker.py",
+           "    if _given_up(driver, generation):\n        raise _Abandoned()\n    return MPI.COMM_SELF.Connect",
+           "    return MPI.COMM_SELF.Connect",
+           (Tests((ELASTIC_LOSSLESS,), select="sharded and gradients",
+                  env=(("RINGTRAIN_TEST_FORM_KILL_AT", "mpi"), ("RINGTRAIN_TEST_SEED", "1"))),),
+           "a joiner told to connect connects although the world's rank 0 died meanwhile: on libfabric's tcp provider "
+           "its Connect hangs, and the survivor is lost (it exits after its connect timeout)"),
+    Mutant("elastic_workers_on_libfabrics_default_provider", "ringtrain/launch/elastic_workers.py",
+           '        env.setdefault("FI_PROVIDER", "tcp")\n', "",
+           (Tests((ELASTIC,), select="exchange_in_flight"),),
+           "elastic workers on libfabric's default provider: a survivor with an exchange in flight with a worker "
+           "that dies is aborted by MPICH (a completion-queue error, fatal whatever the error handler)"),
+    Mutant("elastic_workers_finalize_mpi", "ringtrain/launch/elastic_workers.py",
+           '        env.setdefault("MPI4PY_RC_FINALIZE", "false")\n', "",
+           (Tests((ELASTIC_LOSSLESS,), select="rollback"),),
+           "elastic workers call MPI_Finalize at exit: with the worlds they left still allocated it fails to close "
+           "the fabric and MPICH aborts the finished worker (exit code 15)"),
+    Mutant("elastic_host_check_never_decides", "ringtrain/elastic/lossless.py",
+           "                self.decide(collectives.synchronize(pending).max(axis=0))\n",
+           "                collectives.synchronize(pending)\n",
+           (Tests((ELASTIC_LOSSLESS,), select="random_moment"),),
+           "the step-boundary host check gathers what the ranks heard but never acts on it: a worker ready to join "
+           "waits for ever"),
     Mutant("elastic_steps_not_counted", "ringtrain/torch/elastic_state.py",
            "            self.steps += 1\n",
            "",

@@ -21,7 +21,9 @@ The rules: the world's order is the old world's survivors by their old rank, the
 became ready (so rank 0 is a survivor whenever there is one). Fewer than --min-np ready workers for
 --elastic-timeout seconds ends the job with an error, as do more than --reset-limit re-formations, and a discovery
 script that fails at the start (later failures keep the last host list). A worker dying while a world is being
-formed ends the job too (the others are blocked inside MPI's Accept). A survivor that has not left a failed world
+formed (or a member's formation call failing) abandons that plan: the others ask again and the next plan goes
+without the dead (a member stuck inside MPI exits after its connect timeout: one more death). A world with none of
+the workers that held the training state (all died) ends the job. A survivor that has not left a failed world
 within twice its leave timeout (RINGTRAIN_ELASTIC_LEAVE_TIMEOUT_S) is killed and counted as one more death. When one worker of the world exits 0 the job
 is finishing: nothing new is formed or started, and the job's status is 0 when every worker of the last world exited
 0.
@@ -71,6 +73,7 @@ class ElasticDriver:
         self.resets = 0
         self.forming = None             # while a world is being formed: {"members", "next", "deadline", "port"}
         self.failed_at = None           # when a worker of the current world failed (its survivors must leave it)
+        self.abandoned = None           # the last world abandoned while it formed
         self.finishing = False
         self.below_min_since = None
         self.update_seq = 0
@@ -184,11 +187,13 @@ class ElasticDriver:
             if (worker.generation is None and not worker.removed and self.world and self.forming is None
                     and not self.finishing):
                 self._announce(worker)
-        elif op == "planned" and self.forming is not None and message["generation"] == self.generation:
+        elif message.get("generation", self.generation) != self.generation:
+            return                                  # about a world abandoned while it formed
+        elif op == "planned" and self.forming is not None:
             self.forming["answered"].add(worker)
             if len(self.forming["answered"]) == len(self.forming["members"]):
                 for member in self.forming["members"]:
-                    self._send(member, "go")
+                    self._send(member, "go", generation=self.generation)
                 self.forming["started"] = True
                 if len(self.forming["members"]) == 1:
                     self._formed()
@@ -197,6 +202,8 @@ class ElasticDriver:
             self._connect_next()
         elif op == "joined" and self.forming is not None:
             self._connect_next()
+        elif op == "form_failed" and self.abandoned != self.generation and (self.forming or worker in self.world):
+            self._abandon_formation(None, f"worker {worker.label()} could not form it ({message['reason']})")
 
     def _announce(self, newcomer):
         """Tell the running world a worker is waiting to join: its next commit raises HostsUpdatedInterrupt."""
@@ -243,10 +250,9 @@ class ElasticDriver:
         in_world = worker in self.world
         where = f" (rank {worker.rank} of world {self.generation})" if in_world else " before joining a world"
         if self.forming is not None and worker in self.forming["members"]:
-            if self.forming["started"]:
-                raise ElasticJobError(f"worker {worker.label()} {how} while world {self.generation} was being "
-                                      f"formed; the other workers are blocked in MPI's Accept")
-            self._abandon_formation(worker, how)
+            when = "while" if self.forming["started"] else "before"
+            self._abandon_formation(worker, f"worker {worker.label()} {how} {when} it formed (host {worker.host} "
+                                            f"blacklisted)")
             return
         survivors = [w for w in self.world if not w.gone]
         _say(f"worker {worker.label()}{where} {how}; host {worker.host} blacklisted {cooldown}"
@@ -279,6 +285,9 @@ class ElasticDriver:
             worker.ready_at = None
         members = [w for w in members if not w.removed]
         planned = sorted(members, key=lambda w: w.rank) + newcomers
+        if any(w.held_state for w in self.workers) and not any(w.held_state for w in planned):
+            raise ElasticJobError("every worker that held the training state is gone (died or left); the workers "
+                                  "still alive never trained, so the job cannot go on from where it was")
         if self.max_np is not None:
             planned = planned[:self.max_np]
         if len(planned) < self.min_np:
@@ -332,16 +341,18 @@ class ElasticDriver:
             worker.rank, worker.generation, worker.ready_at = rank, self.generation, None
             self._send(worker, "world", rank=rank, size=len(planned), generation=self.generation)
 
-    def _abandon_formation(self, dead, how):
-        """A planned worker died before the formation barrier let anyone into MPI: the others ask again and the
-        next plan goes without it."""
-        members = [w for w in self.forming["members"] if w is not dead and not w.gone]
-        _say(f"worker {dead.label()} {how} before world {self.generation} formed (host {dead.host} blacklisted); "
-             f"planning again with the {len(members)} others")
+    def _abandon_formation(self, dead, what):
+        """A planned worker died while world N formed (before the barrier let anyone into MPI, or inside its
+        Accept/Connect), or a member's formation call failed: the others ask again and the next plan goes without
+        the dead. A member stuck inside MPI exits after its connect timeout (one more death, seen as any other)."""
+        planned = self.forming["members"] if self.forming is not None else self.world
+        members = [w for w in planned if w is not dead and not w.gone]
+        _say(f"world {self.generation} abandoned: {what}; planning again with the {len(members)} others")
         self.forming = None
+        self.abandoned = self.generation
         self.world = members            # the next plan waits until each of them asked again
         for member in members:
-            self._send(member, "abandon")
+            self._send(member, "abandon", generation=self.generation)
 
     def _connect_next(self):
         forming = self.forming
@@ -351,11 +362,13 @@ class ElasticDriver:
             return
         joiner = members[forming["next"]]
         forming["next"] += 1
-        self._send(joiner, "connect", port=forming["port"])
+        self._send(joiner, "connect", port=forming["port"], generation=self.generation)
 
     def _formed(self):
         self.world = self.forming["members"]
         self.forming = None
+        for worker in self.world:
+            worker.held_state = True    # it synced this world's state (or will: a death in sync is handled there)
         for worker in self.workers:       # anyone who became ready meanwhile is news for the new world
             if not worker.gone and not worker.removed and worker.ready_at is not None and worker.generation is None:
                 self._announce(worker)

@@ -35,6 +35,7 @@ class Worker:
     gone: bool = False              # dead or finished (process ended or connection lost)
     removed: bool = False           # its slot left the host list: it leaves at the next step boundary
     exiting: bool = False           # said it is leaving normally (its connection closing is then no death)
+    held_state: bool = False        # was a member of a formed world (holds the training state while alive)
     status: str = ""
 
     def label(self):
@@ -65,6 +66,16 @@ class WorkerProcesses:
         # are faster between the separately started processes of an elastic world; ofi moves data only inside MPI
         # calls, so the engine's waits probe MPI in elastic worlds (CoordinatorAgreement.progress).
         env.setdefault("MPIR_CVAR_CH4_NETMOD", "ofi")
+        # libfabric's tcp provider named alone (not the default pick, which layers it under the rxm utility
+        # provider): a survivor's pending operation with a worker that died then simply never completes (the
+        # watchdog and the driver's word end the wait), where the default reported a completion-queue error that
+        # MPICH's ofi module turns into an abort of the survivor, whatever the error handler. Measured here: a
+        # peer SIGKILLed mid-exchange aborted the survivor 4 times in 4 with the default, 0 in 4 with tcp.
+        env.setdefault("FI_PROVIDER", "tcp")
+        # no MPI_Finalize at exit: what the worlds a worker left hold stays allocated (they are abandoned, not freed:
+        # elastic/runner.py), and with the tcp provider MPICH's finalize then fails to close the fabric ("Device or
+        # resource busy") and aborts the finished worker (exit code 15). mpi4py reads this at its import.
+        env.setdefault("MPI4PY_RC_FINALIZE", "false")
         env.update({DRIVER_VARIABLE: f"{'127.0.0.1' if is_local(host) else _address()}:{self.driver_port}",
                     WORKER_VARIABLE: worker_id, HOST_VARIABLE: host, SLOT_VARIABLE: str(slot),
                     "RINGTRAIN_ELASTIC": "1",

@@ -5,14 +5,16 @@ learns at once that a worker died).
 worker -> driver   {"op": "hello", "worker": id, "pid": pid}     first line
                    {"op": "ready"}                                 this worker needs a (new) world
                    {"op": "planned", "generation": g}              got its place in world g, alive (the barrier)
-                   {"op": "port", "port": name}                    the new world's rank 0 opened this MPI port
-                   {"op": "joined"}                                this worker connected and merged
+                   {"op": "port", "port": name, "generation": g}   the new world's rank 0 opened this MPI port
+                   {"op": "joined", "generation": g}               this worker connected and merged
+                   {"op": "form_failed", "generation": g, "reason": text}    its MPI formation call failed
                    {"op": "exiting"}                               a normal interpreter exit (atexit)
 driver -> worker   {"op": "world", "rank": r, "size": n, "generation": g}    your place in the next world
                    {"op": "leave", "reason": text}                 instead of a world: your slot left the host list
-                   {"op": "go"}                                    every planned worker answered: form the world
-                   {"op": "abandon"}                               a planned worker died first: ask again ("ready")
-                   {"op": "connect", "port": name}                 connect now (one joiner at a time)
+                   {"op": "go", "generation": g}                   every planned worker answered: form the world
+                   {"op": "abandon", "generation": g}              a planned worker died (or the formation failed):
+                                                                   ask again ("ready")
+                   {"op": "connect", "port": name, "generation": g}    connect now (one joiner at a time)
                    {"op": "peer_failed", "generation": g, "reason": text}    end your waits on world g
                    {"op": "hosts_updated", "seq": k, "generation": g, "added": bool,
                                                                     "removed": bool}    (about world g)
@@ -30,6 +32,8 @@ HOST_VARIABLE = "RINGTRAIN_ELASTIC_HOST"
 SLOT_VARIABLE = "RINGTRAIN_ELASTIC_SLOT"
 LEAVE_TIMEOUT_VARIABLE = "RINGTRAIN_ELASTIC_LEAVE_TIMEOUT_S"    # a survivor that has not left a failed world by
 LEAVE_TIMEOUT_S = 30.0                                          # then exits (a death), see elastic_worker
+CONNECT_TIMEOUT_VARIABLE = "RINGTRAIN_ELASTIC_CONNECT_TIMEOUT_S"    # a formation's MPI Accept/Connect gives up by then
+CONNECT_TIMEOUT_S = 10.0
 
 
 def encode(op, **fields):
@@ -51,3 +55,8 @@ class LineReader:
 def leave_timeout_s(environ=os.environ):
     """How long a survivor may take to leave a failed world before it counts as dead (elastic_worker)."""
     return float(environ.get(LEAVE_TIMEOUT_VARIABLE, LEAVE_TIMEOUT_S))
+
+
+def connect_timeout_s(environ=os.environ):
+    """How long a forming world's MPI Accept (or Connect) waits for its peer before it fails (elastic_worker)."""
+    return float(environ.get(CONNECT_TIMEOUT_VARIABLE, CONNECT_TIMEOUT_S))

@@ -15,8 +15,15 @@ communicator is new.
 
 Before any MPI call, a barrier over the driver's connections: each planned worker answers the plan ("planned") and
 waits for "go", which the driver sends once every one of them answered; if one dies before that, the driver sends
-"abandon" instead and every worker asks again ("ready"), so a death there costs a re-plan, not the job. (Once the
-MPI Accept/Connect has begun, nothing can interrupt it: a death then still ends the job.)
+"abandon" instead and every worker asks again ("ready"), so a death there costs a re-plan, not the job.
+After "go" the MPI calls (Open_port, Accept, Connect, Merge, Split) run on a helper thread, the Accepts and Connects
+with a deadline (RINGTRAIN_ELASTIC_CONNECT_TIMEOUT_S, MPI's "timeout" info key). A member that dies then (or that
+MPICH's ofi module aborts inside Accept) makes the driver abandon the plan: the members whose MPI call returns (a
+Connect to a dead port fails at once, an Accept whose joiner never comes times out, a joiner not yet told to
+connect never entered MPI) ask again; one still inside MPI a connect timeout (+ 5 s) later cannot leave it, prints
+so and exits with status 1 -- one more death, and the others re-form without it. (A joiner whose Connect is under
+way when rank 0 dies is such a one: with libfabric's tcp provider that Connect outlives its timeout.) A member whose own call failed
+(a timeout with everyone alive) tells the driver ("form_failed"), which abandons the plan the same way.
 
 A survivor that cannot leave a failed world must not hold the others: MPICH's ofi network module aborts a process on
 a completion-queue error (a dead peer's endpoint) whatever the error handler, and MPI_Abort can then hang. So the
@@ -37,10 +44,12 @@ import traceback
 from ..errors import RankFailureError
 from ..engine.watchdog import abort_all
 from ..errors import ElasticError
-from .elastic_protocol import (DRIVER_VARIABLE, LEAVE_TIMEOUT_VARIABLE, SLOT_VARIABLE,
-                               WORKER_VARIABLE, LineReader, encode, leave_timeout_s)
+from .elastic_protocol import (CONNECT_TIMEOUT_VARIABLE, DRIVER_VARIABLE, LEAVE_TIMEOUT_VARIABLE, SLOT_VARIABLE,
+                               WORKER_VARIABLE, LineReader, connect_timeout_s, encode, leave_timeout_s)
 
 _client = None
+STALE_AFTER_ABANDON = ("go", "connect", "abandon")
+STUCK_GRACE_S = 5.0             # after a connect timeout, for a formation call to return once its world is abandoned
 _client_lock = threading.Lock()
 
 
@@ -66,10 +75,12 @@ class DriverClient:
         self.host_updates = queue.Queue()       # (seq, added, removed) for State.check_host_updates()
         self.generation = None                  # the world this process is in now
         self.failed_generations = set()
+        self.abandoned = set()                  # worlds whose formation the driver abandoned
         self.closed = False
         self.asked = 0                          # how many times this process asked for a world ("ready")
         self.in_world = False                   # between a world's formation and asking for the next one
         self.leave_timeout_s = leave_timeout_s()
+        self.connect_timeout_s = connect_timeout_s()
         self._send_lock = threading.Lock()
         self.send("hello", worker=worker_id, pid=os.getpid())
         threading.Thread(target=self._read, name="ringtrain-elastic-driver", daemon=True).start()
@@ -96,6 +107,11 @@ class DriverClient:
                 return
             for message in reader.feed(data):
                 op = message["op"]
+                if op == "abandon":
+                    self.abandoned.add(message["generation"])
+                if op == "abandon" and message["generation"] == self.generation and self.in_world:
+                    op = "peer_failed"          # the driver gave up on a world this process thinks formed
+                    message = dict(message, reason=f"world {self.generation} was abandoned while it formed")
                 if op == "peer_failed":
                     self.failed_generations.add(message["generation"])
                     if message["generation"] == self.generation:
@@ -125,19 +141,28 @@ class DriverClient:
         sys.stderr.flush()
         os._exit(1)
 
-    def expect(self, op, timeout_s, also=()):
-        """The driver's next reply, which must be `op` (or one of `also`)."""
-        try:
-            message = self.replies.get(timeout=timeout_s)
-        except queue.Empty:
-            raise ElasticError(f"worker {self.worker_id}: the elastic driver sent no {op!r} within "
-                               f"{timeout_s:g} s") from None
-        if message["op"] == "closed":
-            raise ElasticError(f"worker {self.worker_id}: the elastic driver went away (the launcher ended or "
-                               f"died) while this worker waited for its {op!r}")
-        if message["op"] != op and message["op"] not in also:
-            raise ElasticError(f"worker {self.worker_id}: expected {op!r} from the elastic driver, got {message}")
-        return message
+    def expect(self, op, timeout_s, also=(), generation=None):
+        """The driver's next reply, which must be `op` (or one of `also`). With `generation`, replies about other
+        worlds are skipped; without, the leftovers of abandoned formations ("go", "connect", "abandon")."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            try:
+                message = self.replies.get(timeout=None if deadline is None else max(0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise ElasticError(f"worker {self.worker_id}: the elastic driver sent no {op!r} within "
+                                   f"{timeout_s:g} s") from None
+            if message["op"] == "closed":
+                self.replies.put(message)       # for whoever waits next
+                raise ElasticError(f"worker {self.worker_id}: the elastic driver went away (the launcher ended or "
+                                   f"died) while this worker waited for its {op!r}")
+            if generation is not None and message.get("generation", generation) != generation:
+                continue
+            if generation is None and message["op"] in STALE_AFTER_ABANDON:
+                continue
+            if message["op"] != op and message["op"] not in also:
+                raise ElasticError(f"worker {self.worker_id}: expected {op!r} from the elastic driver, got "
+                                   f"{message}")
+            return message
 
 
 def _abort_current_world(reason):
@@ -157,9 +182,6 @@ def client():
 
 def elastic_world(timeout_s):
     """A new world for this worker, as the driver plans it (blocks until the driver has formed the next world)."""
-    from mpi4py import MPI
-
-    from .dynamic import accept_one, grow, merge
     driver = client()
     driver.in_world = False
     while True:
@@ -172,36 +194,132 @@ def elastic_world(timeout_s):
             sys.exit(0)
         # the formation barrier: no MPI call until every planned worker is known to be alive; a worker that dies
         # before it makes the driver abandon the plan, and everyone asks again (see the module doc)
-        driver.send("planned", generation=plan["generation"])
-        if driver.expect("go", timeout_s=None, also=("abandon",))["op"] == "go":
+        generation = plan["generation"]
+        driver.send("planned", generation=generation)
+        if driver.expect("go", timeout_s=None, also=("abandon",), generation=generation)["op"] == "abandon":
+            continue
+        ordered = _form_or_give_up(driver, plan, timeout_s)
+        if ordered is not None:
             break
-    rank, size = plan["rank"], plan["size"]
+    driver.generation = generation
+    driver.in_world = True
+    if generation in driver.failed_generations:     # a member died just as the world formed
+        raise RankFailureError(f"worker {driver.worker_id}: a worker of world {generation} died while it formed")
+    return ordered
+
+
+class _Abandoned(Exception):
+    """The driver abandoned the world being formed before this worker was told to connect."""
+
+
+def _form_or_give_up(driver, plan, timeout_s):
+    """The world `plan` formed on a helper thread; None when the driver abandoned it (ask again). A process whose
+    formation call is still inside MPI a connect timeout (+ STUCK_GRACE_S) after the driver gave up on the world
+    exits with status 1 (see the module doc)."""
+    generation = plan["generation"]
+    done = {}
+
+    def form():
+        try:
+            done["world"] = _form(driver, plan, timeout_s)
+        except BaseException as error:  # noqa: BLE001 -- handed to the waiting thread
+            done["error"] = error
+
+    helper = threading.Thread(target=form, name="ringtrain-elastic-form", daemon=True)
+    helper.start()
+    given_up_at = None
+    told = False
+    limit = driver.connect_timeout_s + STUCK_GRACE_S
+    # every Accept/Connect of the formation ends within the connect timeout; a call that cannot even start (MPI
+    # held by a thread that hangs in a send to a dead worker: libfabric's tcp provider never fails that send)
+    deadline = time.monotonic() + plan["size"] * driver.connect_timeout_s + STUCK_GRACE_S
+    while True:
+        helper.join(0.02)
+        if not helper.is_alive():
+            error = done.get("error")
+            if error is None:
+                return None if generation in driver.abandoned else done["world"]
+            if isinstance(error, (ElasticError, KeyboardInterrupt, SystemExit)):
+                raise error
+            if isinstance(error, _Abandoned) or _given_up(driver, generation):
+                return None     # (what the failed formation made is left alone: nothing of it is freed)
+            if not told:        # an MPI call failed here (a timeout, a dead peer's port): the driver decides
+                driver.send("form_failed", generation=generation, reason=_one_line(error))
+                told = True
+            continue
+        if given_up_at is None and _given_up(driver, generation):
+            given_up_at = time.monotonic()
+        if given_up_at is not None and time.monotonic() - given_up_at > limit:
+            _exit_stuck(driver, generation, helper, f"{limit:g} s after the driver gave up on it "
+                                                    f"({CONNECT_TIMEOUT_VARIABLE} + {STUCK_GRACE_S:g} s)")
+        if time.monotonic() > deadline:
+            _exit_stuck(driver, generation, helper, f"past its deadline ({plan['size']} x "
+                                                    f"{CONNECT_TIMEOUT_VARIABLE} + {STUCK_GRACE_S:g} s)")
+
+
+def _given_up(driver, generation):
+    return generation in driver.abandoned or generation in driver.failed_generations or driver.closed
+
+
+def _one_line(error):
+    return " ".join(str(error).split())[:300]
+
+
+def _exit_stuck(driver, generation, helper, when):
+    frame = sys._current_frames().get(helper.ident)
+    where = "".join(traceback.format_stack(frame)) if frame is not None else "(gone)\n"
+    sys.stderr.write(f"ringtrain: worker {driver.worker_id} is still inside MPI forming world {generation} {when}: "
+                     f"it exits so that the others re-form without it. Where:\n{where}")
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def _form(driver, plan, timeout_s):
+    """The MPI side of forming world `plan` (the helper thread): rank 0 opens a port and Accepts each joiner in
+    turn, joiners Connect when the driver says, everyone Merges; then a Split orders it by the planned rank."""
+    from mpi4py import MPI
+
+    from .dynamic import grow, merge
+    rank, size, generation = plan["rank"], plan["size"], plan["generation"]
+    info = MPI.Info.Create()
+    info.Set("timeout", str(max(1, int(round(driver.connect_timeout_s)))))
     if rank == 0:
         port = MPI.Open_port()
-        driver.send("port", port=port)
+        driver.send("port", port=port, generation=generation)
         world = MPI.COMM_SELF
         try:
             while world.Get_size() < size:
-                world = accept_one(world, port, 0)
+                world = _accept_one(world, port, info)
         finally:
             MPI.Close_port(port)
     else:
-        port = driver.expect("connect", timeout_s)["port"]
-        world = merge(MPI.COMM_SELF.Connect(port, root=0), high=True)
-        driver.send("joined")
-        world = grow(world, size, rank)
+        message = driver.expect("connect", timeout_s, also=("abandon",), generation=generation)
+        if message["op"] == "abandon":
+            raise _Abandoned()
+        world = merge(_connect(driver, generation, message["port"], info), high=True)
+        driver.send("joined", generation=generation)
+        world = grow(world, size, rank, info)
     ordered = world.Split(color=0, key=rank)
     # errors on it are returned (raised in Python), not fatal: mpi4py sets this on COMM_SELF and the world
     # inherits it through Accept, Merge and Split (checked); said here so it does not rest on mpi4py's rc
     ordered.Set_errhandler(MPI.ERRORS_RETURN)
     if world != MPI.COMM_SELF:
         world.Free()
-    driver.generation = plan["generation"]
-    driver.in_world = True
-    if driver.generation in driver.failed_generations:     # a member died while the world formed
-        raise RankFailureError(f"worker {driver.worker_id}: a worker of world {driver.generation} died while it "
-                               f"formed")
     return ordered
+
+
+def _accept_one(world, port, info):
+    from .dynamic import accept_one
+    return accept_one(world, port, 0, info)
+
+
+def _connect(driver, generation, port, info):
+    """Connect to the forming world's port, unless the driver gave up on that world meanwhile: with libfabric's tcp
+    provider a Connect to the port of a process that died hangs past its timeout."""
+    from mpi4py import MPI
+    if _given_up(driver, generation):
+        raise _Abandoned()
+    return MPI.COMM_SELF.Connect(port, info, root=0)
 
 
 def _say_exiting(driver):

@@ -19,6 +19,10 @@ Environment: KILL_RANK=r[,r2...] KILL_STEP=s KILL_AT=where: in the first world (
   timer:t    t seconds into the step (a thread), wherever the step is then
 SYNC_KILL=1: in the second world, its last rank dies half way through sync() (die_during_the_second_sync).
 FORM_KILL=r: rank r of the first world dies when the second world's plan reaches it (while that world forms).
+FORM_KILL_AT=mpi (with FORM_KILL=r): rank r dies inside the second world's formation instead, past the formation
+barrier: as a joiner when the driver tells it to connect (the members are inside MPI's Accept for it, which times
+out), as that world's rank 0 half a second into its MPI Accept (its first joiner, told to connect, waits a second
+and learns first that the world was abandoned).
 HANG_RANK=r: in that world, rank r (a survivor) hangs in a blocking C call in step KILL_STEP once the driver
 told it of the death there ("rank r: HANGING"), where no abort reaches it (as in a hung MPI_Abort).
 JOIN=1: a worker started later (after the blacklist cooldown) must join; the smaller world waits for the news of it.
@@ -56,6 +60,7 @@ COMMIT_EVERY = int(os.environ.get("COMMIT_EVERY", "2"))
 SHARD = os.environ.get("SHARD") or None
 
 faulthandler.register(signal.SIGUSR1)      # a hung worker's stack: kill -USR1 <pid>
+
 hvd.init()
 
 
@@ -175,8 +180,8 @@ def die_when_the_second_world_is_planned():
     expect = driver.expect
     rank = hvd.rank()
 
-    def expect_or_die(op, timeout_s, also=()):
-        message = expect(op, timeout_s, also)
+    def expect_or_die(op, timeout_s, also=(), **kwargs):
+        message = expect(op, timeout_s, also, **kwargs)
         if message.get("op") == "world" and message["generation"] == 2:
             os.write(1, f"rank {rank}: KILLED while world 2 formed at {time.time():.3f}\n".encode())
             os.kill(os.getpid(), 9)
@@ -184,7 +189,38 @@ def die_when_the_second_world_is_planned():
     driver.expect = expect_or_die
 
 
-if str(hvd.rank()) in os.environ.get("FORM_KILL", "").split(","):
+def die_inside_the_second_worlds_formation(victim):
+    """FORM_KILL_AT=mpi: rank `victim` of the first world dies inside the second world's formation (see the module
+    doc); the others' part: a joiner of that world waits a second before it Connects when the victim is its rank 0."""
+    driver = elastic_worker.client()
+    first = {"accept": True, "connect": True}
+    survivors = [r for r in range(hvd.size()) if str(r) not in os.environ.get("KILL_RANK", "").split(",")]
+    victim_is_root = survivors and survivors[0] == victim
+    accept_one, connect = elastic_worker._accept_one, elastic_worker._connect
+
+    def die(where):
+        os.write(1, f"rank {victim}: KILLED inside the formation of world 2 ({where}) at {time.time():.3f}\n".encode())
+        os.kill(os.getpid(), 9)
+
+    def accept_and_die(world, port, info):
+        if hvd_rank == victim and driver.generation == 1 and first.pop("accept", False):
+            threading.Timer(0.5, die, args=("in MPI's Accept",)).start()
+        return accept_one(world, port, info)
+
+    def connect_or_die(driver_, generation, port, info):
+        if driver.generation == 1 and first.pop("connect", False):
+            if hvd_rank == victim:
+                die("told to connect; the others are in MPI's Accept")
+            if victim_is_root:
+                time.sleep(1.0)
+        return connect(driver_, generation, port, info)
+    elastic_worker._accept_one, elastic_worker._connect = accept_and_die, connect_or_die
+
+
+hvd_rank = hvd.rank()
+if os.environ.get("FORM_KILL_AT") == "mpi":
+    die_inside_the_second_worlds_formation(int(os.environ["FORM_KILL"]))
+elif str(hvd.rank()) in os.environ.get("FORM_KILL", "").split(","):
     die_when_the_second_world_is_planned()
 
 
@@ -203,7 +239,7 @@ def wait_for_news(batch):
     driver = elastic_worker.client()
     joining = os.environ.get("JOIN") == "1" and hvd.size() < state.first_size
     shrinking = os.environ.get("SHRINK_HOSTS_FILE") and in_first_world() and batch >= int(os.environ["SHRINK_STEP"])
-    if not (joining or shrinking) or heard:
+    if not (joining or shrinking) or driver.generation in heard:
         return
     if shrinking and hvd.rank() == 0:
         with open(os.environ["SHRINK_HOSTS_FILE"] + ".new", "w") as f:
@@ -212,7 +248,7 @@ def wait_for_news(batch):
     deadline = time.monotonic() + 60
     while driver.host_updates.empty() and time.monotonic() < deadline:
         time.sleep(0.02)
-    heard.append(True)
+    heard.append(driver.generation)
 
 
 heard = []
