@@ -136,7 +136,9 @@ def test_divergent_tensor_is_named_on_every_rank_and_job_stays_usable(case, n, e
         assert f"{others} {detail[0]}" in message and f"rank {odd} has {detail[1]}" in message, job
 
 
-@pytest.mark.parametrize("n,framework", [(2, "numpy"), (3, "numpy"), (2, "torch"), (2, "tensorflow")])
+# each binding at 2 ranks; the naming of several ranks that waited is checked at 3 by the skipped-step and the
+# divergent-tensor tests
+@pytest.mark.parametrize("n,framework", [(2, "numpy"), (2, "torch"), (2, "tensorflow")])
 def test_a_stall_leaves_the_job_usable(n, framework):
     """One rank skips an allreduce, then every rank runs ten more; then one rank names an allreduce differently,
     and ten more. Every rank learns of each stall with the tensor and the ranks named, and the calls after it are
@@ -187,7 +189,7 @@ def test_bad_input_is_a_clear_error_and_job_stays_usable():
 
 # ---- errors that end the job ----
 
-@pytest.mark.parametrize("n,env", [(2, {}), (3, {}), (3, SPLIT)], ids=_nodes_id)
+@pytest.mark.parametrize("n,env", [(2, {}), (3, SPLIT)], ids=_nodes_id)
 def test_skipped_step_warns_then_stall_error_and_the_loop_goes_on(n, env):
     job = run_job("skip_step.py", n, **env)
     assert job.returncode == 0, job
@@ -217,7 +219,7 @@ def test_exception_in_training_loop_ends_job_and_names_rank():
     _assert_no_leftovers(job.pids())
 
 
-@pytest.mark.parametrize("n,env", [(2, {}), (3, {}), (3, SPLIT)], ids=_nodes_id)
+@pytest.mark.parametrize("n,env", [(2, {}), (3, SPLIT)], ids=_nodes_id)
 def test_sigkill_mid_allreduce_ends_everything(n, env):
     """The survivors' watchdogs notice the dead process and end their ranks, each naming it in ringtrain's own
     line. The ranks run under OUTLIVE_A_KILLED_RANK, so hydra's clean-up cannot do it for them. Under the split

@@ -109,29 +109,37 @@ def tail(path):
         return f.read().decode(errors="replace")
 
 
-# Every file runs at 2 ranks. The 3- and 4-rank jobs run the files whose outcome depends on the ring's size: the ring
-# schedule and its chunking (uneven at 3), fusion, sharding and resharding, process sets (evens/odds), hierarchy,
-# Adasum's power-of-two halving, the agreement and the native cycle with more peers (express, grouped, join,
-# consistency, recovery, soak, straggler scores, a rank that never arrives), every call form, and the torch rules
-# whose splits are uneven at 3 (reducescatter, autograd). The other API wrappers (torch functions and optimizers,
-# naming, checkpoints, shared arrays) behave alike at any size and run at 2 ranks only: CI has 2 cores.
+# Every file runs at 2 ranks. The 3-rank job runs the files whose outcome depends on the ring's size: the ring
+# schedule and its chunking (uneven at 3), fusion, sharding and resharding, process sets, hierarchy, Adasum, the
+# agreement and the native cycle with more than one peer (express, grouped, join, consistency, recovery, soak,
+# straggler scores, a rank that never arrives), every call form, and the torch rules whose splits are uneven at 3
+# (reducescatter, autograd). The other API wrappers (torch functions and optimizers, naming, checkpoints, shared
+# arrays) behave alike at any size and run at 2 ranks only: CI has 2 cores.
 SIZE_MATTERS_FILES = ["test_adasum.py", "test_api_forms.py", "test_collectives.py", "test_consistency.py",
                       "test_engine_steady_state.py", "test_express.py", "test_flag_barrier.py",
                       "test_fused_allreduce.py", "test_grouped_express.py", "test_hierarchical.py", "test_join.py",
                       "test_native_cycle.py", "test_observability.py", "test_process_sets.py", "test_recovery.py",
                       "test_reducer_ranks.py", "test_sharded_optimizer.py", "test_soak.py", "test_sync_batch_norm.py",
                       "test_torch_autograd.py", "test_torch_horovod_rules.py", "test_transports.py"]
+# The 4-rank job (4 ranks on 2 cores: the slowest per test) adds what a fourth rank changes: a power of two
+# (Adasum's halving), two pairs (process sets of evens and odds, 2+2 hierarchy), resharding 4 -> 1, 2, 3, the
+# collectives and every call form once more, joins, consistency, synchronized batch norm and steady-state memory.
+FOUR_RANK_FILES = ["test_adasum.py", "test_api_forms.py", "test_collectives.py", "test_consistency.py",
+                   "test_engine_steady_state.py", "test_hierarchical.py", "test_join.py", "test_process_sets.py",
+                   "test_reducer_ranks.py", "test_sharded_optimizer.py", "test_sync_batch_norm.py"]
 
 
 @pytest.mark.timeout(JOB_TIMEOUT_S + 60)
 @pytest.mark.parametrize("num_ranks", [2, 3, 4])
 def test_parallel_suite(num_ranks):
-    target = PARALLEL_DIR if num_ranks == 2 else [os.path.join(PARALLEL_DIR, name) for name in SIZE_MATTERS_FILES]
-    run_job(num_ranks, target, JOB_TIMEOUT_S)
+    names = {3: SIZE_MATTERS_FILES, 4: FOUR_RANK_FILES}.get(num_ranks)
+    run_job(num_ranks, PARALLEL_DIR if names is None else [os.path.join(PARALLEL_DIR, name) for name in names],
+            JOB_TIMEOUT_S)
 
 
 def test_the_size_matters_files_exist():
     assert [f for f in SIZE_MATTERS_FILES if not os.path.isfile(os.path.join(PARALLEL_DIR, f))] == []
+    assert set(FOUR_RANK_FILES) <= set(SIZE_MATTERS_FILES)
 
 
 # on pretend nodes the sharded optimizer's collectives take the hierarchical transport: its equivalence with one

@@ -9,18 +9,11 @@ import numpy as np
 import pytest
 
 import ringtrain.jax as hvd
+from rank_data import data, total
 
 allreduce_module = importlib.import_module("ringtrain.jax.allreduce")
 
 pytestmark = pytest.mark.mpi(min_size=2)
-
-
-def data(n, salt, rank):
-    return ((np.arange(n) % 11) + 3 * rank + salt).astype(np.float32)
-
-
-def total(n, salt):
-    return sum(data(n, salt, r).astype(np.float64) for r in range(hvd.size()))
 
 
 @pytest.fixture
@@ -35,12 +28,12 @@ def test_eager_allreduce_is_the_core_call_and_numpy_equal(no_primitive):
     for call in range(3):
         for n in (1, 1000, 300_000):
             x = jnp.asarray(data(n, call, r))
-            np.testing.assert_allclose(np.asarray(hvd.allreduce(x, name=f"jax.eager.{n}")), total(n, call) / size,
+            np.testing.assert_allclose(np.asarray(hvd.allreduce(x, name=f"jax.eager.{n}")), total(n, call, size) / size,
                                        rtol=1e-6, err_msg=f"rank {r} Average n={n}")
-            np.testing.assert_array_equal(np.asarray(hvd.allreduce(x, op=hvd.Sum)), total(n, call),
+            np.testing.assert_array_equal(np.asarray(hvd.allreduce(x, op=hvd.Sum)), total(n, call, size),
                                           err_msg=f"rank {r} unnamed Sum n={n}")
             scaled = hvd.allreduce(x, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0, name="jax.eager.scaled")
-            np.testing.assert_allclose(np.asarray(scaled), total(n, call) * 1.5, rtol=1e-6)
+            np.testing.assert_allclose(np.asarray(scaled), total(n, call, size) * 1.5, rtol=1e-6)
     unsigned = hvd.allreduce(jnp.asarray(np.array([10 + r, 3], np.uint32)))        # Average as floor of the Sum
     assert unsigned.dtype == jnp.uint32
     np.testing.assert_array_equal(np.asarray(unsigned), (np.array([10 * size + size * (size - 1) // 2, 3 * size])
@@ -53,7 +46,8 @@ def test_large_eager_results_held_by_the_caller_stay_intact(no_primitive):
     r, n = hvd.rank(), 300_000
     held = [hvd.allreduce(jnp.asarray(data(n, call, r)), op=hvd.Sum, name="jax.eager.held") for call in range(6)]
     for call, y in enumerate(held):
-        np.testing.assert_array_equal(np.asarray(y), total(n, call), err_msg=f"rank {r}: result {call} changed")
+        np.testing.assert_array_equal(np.asarray(y), total(n, call, hvd.size()),
+                                      err_msg=f"rank {r}: result {call} changed")
 
 
 def test_traced_calls_still_take_the_primitive():
@@ -61,4 +55,4 @@ def test_traced_calls_still_take_the_primitive():
     grad = jax.grad(lambda t: jnp.sum(hvd.allreduce(t, op=hvd.Sum, name="jax.eager.grad") * jnp.arange(6.0)))(x)
     np.testing.assert_array_equal(np.asarray(grad), hvd.size() * np.arange(6.0, dtype=np.float32))
     jitted = jax.jit(lambda t: hvd.allreduce(t, op=hvd.Sum, name="jax.eager.jit"))(x)
-    np.testing.assert_array_equal(np.asarray(jitted), total(6, 0))
+    np.testing.assert_array_equal(np.asarray(jitted), total(6, 0, hvd.size()))

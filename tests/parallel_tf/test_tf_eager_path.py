@@ -7,16 +7,9 @@ import tensorflow as tf
 
 import ringtrain.tensorflow as hvd
 from ringtrain.tensorflow import functions
+from rank_data import data, total
 
 pytestmark = pytest.mark.mpi(min_size=2)
-
-
-def data(n, salt, rank):
-    return ((np.arange(n) % 11) + 3 * rank + salt).astype(np.float32)
-
-
-def total(n, salt):
-    return sum(data(n, salt, r).astype(np.float64) for r in range(hvd.size()))
 
 
 @pytest.fixture
@@ -31,24 +24,24 @@ def test_eager_allreduce_is_the_core_call_and_numpy_equal(no_differentiable_path
     for call in range(3):
         for n in (1, 1000, 300_000):
             x = tf.constant(data(n, call, r))
-            np.testing.assert_allclose(hvd.allreduce(x, name=f"tf.eager.{n}").numpy(), total(n, call) / size,
+            np.testing.assert_allclose(hvd.allreduce(x, name=f"tf.eager.{n}").numpy(), total(n, call, size) / size,
                                        rtol=1e-6, err_msg=f"rank {r} Average n={n}")
-            np.testing.assert_array_equal(hvd.allreduce(x, op=hvd.Sum).numpy(), total(n, call),
+            np.testing.assert_array_equal(hvd.allreduce(x, op=hvd.Sum).numpy(), total(n, call, size),
                                           err_msg=f"rank {r} unnamed Sum n={n}")
             scaled = hvd.allreduce(x, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0, name="tf.eager.scaled")
-            np.testing.assert_allclose(scaled.numpy(), total(n, call) * 1.5, rtol=1e-6)
+            np.testing.assert_allclose(scaled.numpy(), total(n, call, size) * 1.5, rtol=1e-6)
     ints = hvd.allreduce(tf.constant([7 + r, -7 - r], dtype=tf.int64))          # Average of integers: truncated
     np.testing.assert_array_equal(ints.numpy(), np.trunc(np.array([1, -1]) * (7 + (size - 1) / 2)).astype(np.int64))
     half = hvd.allreduce(tf.constant(data(5, 0, r)), compression=hvd.Compression.fp16)
     assert half.dtype == tf.float32
-    np.testing.assert_allclose(half.numpy(), total(5, 0) / size, rtol=1e-3)
+    np.testing.assert_allclose(half.numpy(), total(5, 0, size) / size, rtol=1e-3)
 
 
 def test_large_eager_results_held_by_the_caller_stay_intact(no_differentiable_path):
     r, n = hvd.rank(), 300_000
     held = [hvd.allreduce(tf.constant(data(n, call, r)), op=hvd.Sum, name="tf.eager.held") for call in range(6)]
     for call, y in enumerate(held):
-        np.testing.assert_array_equal(y.numpy(), total(n, call), err_msg=f"rank {r}: result {call} changed")
+        np.testing.assert_array_equal(y.numpy(), total(n, call, hvd.size()), err_msg=f"rank {r}: result {call} changed")
 
 
 def test_under_a_tape_the_gradient_is_recorded():
@@ -58,4 +51,4 @@ def test_under_a_tape_the_gradient_is_recorded():
         loss = tf.reduce_sum(y * tf.range(6, dtype=tf.float32))
     grad = tape.gradient(loss, x)
     np.testing.assert_array_equal(grad.numpy(), hvd.size() * np.arange(6, dtype=np.float32))
-    np.testing.assert_array_equal(y.numpy(), total(6, 0))
+    np.testing.assert_array_equal(y.numpy(), total(6, 0, hvd.size()))
