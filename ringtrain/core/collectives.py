@@ -15,6 +15,7 @@ from . import adasum
 from .group_handles import ListHandle, MixedGroupHandle
 from .names import auto_name
 from .names import slot_name as _slot_name
+from ..engine.express_memo import ExpressPlan
 from ..engine.model import Meta, express_eligible
 from ..ops import Average, Sum, as_op, check_op_dtype, dtype_name, is_adasum
 from .routing import route
@@ -84,10 +85,10 @@ def _submit(kind, array, name, op=-1, root=-1, scales=(1.0, 1.0), splits=(), out
     return _enqueue(to, name, meta, array, out, sync)
 
 
-def _enqueue(to, name, meta, array, out, sync):
+def _enqueue(to, name, meta, array, out, sync, plan=None):
     ops = ops_for(meta.device)
     handle = Handle((name,), to.engine.drive)
-    request = Request(name, meta, (array,), (out,), handle, ops, ops.ready_event())
+    request = Request(name, meta, (array,), (out,), handle, ops, ops.ready_event(), plan=plan)
     to.engine.run(request) if sync else to.engine.submit(request)
     return handle
 
@@ -117,21 +118,41 @@ def allreduce(array, op=Average, name: "str | None" = None, prescale_factor: flo
     to = route(process_set)
     op = as_op(op)
     out = _allreduce_out(array, out)
-    name, meta = _describe("allreduce", array, name, to, op=op, scales=(prescale_factor, postscale_factor),
-                           op_obj=op)
+    name, meta, plan = _allreduce_plan(to, name, op, array, prescale_factor, postscale_factor)
     # a cached host allreduce with nothing else in flight takes one agreement cycle on this thread, with no
     # request and no handle (Engine.express decides whether it applies); anything else takes the general path
-    done = to.engine.express(name, meta, array, out)
+    done = to.engine.express(name, meta, array, out, None, plan)
     if done is True:
         return out
     if done is not None:
         return done.wait()
-    return _enqueue(to, name, meta, array, out, sync=True).wait()
+    return _enqueue(to, name, meta, array, out, sync=True, plan=plan).wait()
+
+
+def _allreduce_plan(to, name, op, array, prescale_factor, postscale_factor):
+    """(name, Meta, ExpressPlan or None) of one array's allreduce on route `to`. A numpy array's call recurs under
+    the key (name -- an unnamed call's slot --, op, dtype, shape, scales): its plan comes from the engine's memo
+    (express_memo.py) with no Meta built or hashed; the first call of a key describes it (and checks it) as every
+    other collective does, and keeps a plan when the express path can take it."""
+    name = _name("allreduce", name, to)
+    if type(array) is not np.ndarray:
+        name, meta = _describe("allreduce", array, name, to, op=op, scales=(prescale_factor, postscale_factor),
+                               op_obj=op)
+        return name, meta, None
+    key = (name, op, array.dtype, array.shape, float(prescale_factor), float(postscale_factor))
+    memo = to.engine.memo
+    plan = memo.get(key)
+    if plan is not None and array.flags.c_contiguous:
+        return name, plan.meta, plan
+    name, meta = _describe("allreduce", array, name, to, op=op, scales=(prescale_factor, postscale_factor),
+                           op_obj=op)
+    return name, meta, memo.put(key, ExpressPlan(name, meta)) if express_eligible(meta) else None
 
 
 def _allreduce_out(array, out):
     if out is None:
-        return ops_for(_device_of(array)).empty(array.shape, array.dtype)
+        ops = HOST_OPS if type(array) is np.ndarray else ops_for(_device_of(array))
+        return ops.empty(array.shape, array.dtype)
     if out.shape != array.shape or out.dtype != array.dtype:
         raise ValueError(f"allreduce out has shape {out.shape} {out.dtype}, input {array.shape} {array.dtype}")
     return out
@@ -141,8 +162,8 @@ def _allreduce(array, op, name, prescale_factor, postscale_factor, out, sync, pr
     to = route(process_set)
     op = as_op(op)
     out = _allreduce_out(array, out)
-    return _submit("allreduce", array, name, op=op, scales=(prescale_factor, postscale_factor), out=out, op_obj=op,
-                   sync=sync, to=to)
+    name, meta, plan = _allreduce_plan(to, name, op, array, prescale_factor, postscale_factor)
+    return _enqueue(to, name, meta, array, out, sync, plan)
 
 
 def grouped_allreduce_async(arrays, op=Average, name: "str | None" = None, prescale_factor: float = 1.0,
@@ -162,7 +183,48 @@ def grouped_allreduce(arrays, op=Average, name: "str | None" = None, prescale_fa
     products are its own, so the result is each array's Adasum."""
     if is_adasum(op):
         return _adasum(arrays, outs, name, prescale_factor, postscale_factor, process_set, True, False).wait()
-    return _grouped_allreduce(arrays, op, name, prescale_factor, postscale_factor, outs, True, process_set).wait()
+    to = route(process_set)
+    op = as_op(op)
+    arrays = list(arrays)
+    name = _name("grouped_allreduce", name, to) if arrays else name
+    # a recurring group of numpy arrays (the same name, op, scales, dtypes and shapes) has an ExpressPlan in the
+    # engine's memo (express_memo.py): packed into one array, one express cycle, the results views of it
+    signature = tuple([(a.dtype, a.shape) for a in arrays if a.__class__ is np.ndarray])
+    key = (name, op, float(prescale_factor), float(postscale_factor), signature)
+    memo = to.engine.memo
+    plan = memo.get(key) if outs is None and len(signature) == len(arrays) > 1 else None
+    if plan is not None and all([a.flags.c_contiguous for a in arrays]):
+        return _planned_group(to.engine, plan, arrays)
+    results = _grouped_allreduce(arrays, op, name, prescale_factor, postscale_factor, outs, True, process_set).wait()
+    if outs is None and len(signature) == len(arrays) > 1 and len({dtype for dtype, _ in signature}) == 1:
+        meta, eligible, packed = _group_meta(op, arrays[0].dtype, "cpu", prescale_factor, postscale_factor,
+                                             tuple(a.size for a in arrays))
+        if packed:
+            memo.put(key, ExpressPlan(name, meta, group=_layout(arrays)))
+    return results
+
+
+def _layout(arrays):
+    """Where each array of a packed group lies in the packed array: (slice, shape) in order."""
+    layout, offset = [], 0
+    for a in arrays:
+        layout.append((slice(offset, offset + a.size), a.shape))
+        offset += a.size
+    return tuple(layout)
+
+
+def _planned_group(eng, plan, arrays):
+    """A recurring small synchronous grouped allreduce (see grouped_allreduce): one packed array, the express cycle
+    (or, when the cycle says otherwise, an ordinary request on the same packed array: every rank makes the same
+    transport call either way), and the results as views of the packed array (no unpacking copy)."""
+    packed = np.concatenate(arrays, axis=None)
+    done = eng.express(plan.name, plan.meta, packed, packed, None, plan)
+    if done is None:
+        done = Handle((plan.name,), eng.drive)
+        eng.run(Request(plan.name, plan.meta, (packed,), (packed,), done, HOST_OPS, plan=plan))
+    if done is not True:
+        done.wait()
+    return [packed[part].reshape(shape) for part, shape in plan.group]
 
 
 def _grouped_allreduce(arrays, op, name, prescale_factor, postscale_factor, outs, sync, process_set):

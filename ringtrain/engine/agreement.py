@@ -75,7 +75,7 @@ class CoordinatorAgreement:
         self._flush_items()
         self._outbox.append((kind,))
 
-    def express(self, name, meta, array, out, make_request):
+    def express(self, name, meta, array, out, make_request, plan=None):
         """No express path when every decision goes through rank 0 (see CycleAgreement.express)."""
         return None
 
@@ -294,7 +294,7 @@ class CycleAgreement(CoordinatorAgreement):
         return action
 
     # ---- express -------------------------------------------------------------------------------------------
-    def express(self, name, meta, array, out, make_request):
+    def express(self, name, meta, array, out, make_request, plan=None):
         """One cycle for one cached host allreduce when nothing else is pending on this rank: what add() and poll()
         would do, minus their bookkeeping. Publish its id as our only ready bit (with its data when it fits a slot),
         gather, and if no rank raised a flag and every rank has that id ready, the Collective of this array alone,
@@ -304,17 +304,24 @@ class CycleAgreement(CoordinatorAgreement):
         Any other snapshot: make_request(name, meta, array, out) registers the request with the engine, the
         agreement takes the state add() would have left, and the cycle's actions are returned (a list) for the engine
         to run -- the same actions every other rank computes from the same snapshot. None (nothing done) when the
-        fast path does not apply: something pending, or a name not cached yet."""
+        fast path does not apply: something pending, or a name not cached yet.
+        plan: the call's ExpressPlan (express_memo.py): its cache id and native reduce, re-read whenever the cache
+        changed since they were read."""
         if self._ready or self._handed or self._dirty or not array.nbytes:
             return None
-        key = (name, meta)
-        cid = self.cache.get(key)
+        if plan is None:
+            cid = self.cache.get((name, meta))
+            how = False
+        else:
+            if plan.generation != self.cache.updates:
+                self._read_plan(plan)
+            cid, how = plan.cid, plan.how
         if cid is None:
             return None
         bit = 1 << cid
         eager = (cid, array) if self._eager_fits(array) else None
         if eager is not None and self._native is not None and array.flags.c_contiguous and out.flags.c_contiguous:
-            c = self._native_cycle(cid, bit, array, out, meta)
+            c = self._native_cycle(cid, bit, array, out, meta, how)
             if c is True:
                 return True
             c, flags, ready = c
@@ -332,16 +339,29 @@ class CycleAgreement(CoordinatorAgreement):
         self._ready_since[cid] = time.monotonic()
         return self._slow_cycle(c) if flags else self._fast_actions(ready)
 
-    def _native_cycle(self, cid, bit, array, out, meta):
-        """The express cycle in one native call (native_cycle.py): True when it reduced the slots into `out`, else
-        (cycle, flags, ready) read from the snapshot exactly as _exchange_slots returns them."""
-        exchange = self._exchange
-        c = self._cycle + 1
-        flags = _COORDINATOR_BUSY if self.rank == 0 and CoordinatorAgreement.owes(self) else 0
+    def _read_plan(self, plan):
+        """Fill an ExpressPlan from the cache as it is now (see express_memo.py)."""
+        plan.cid = cid = self.cache.get((plan.name, plan.meta))
+        plan.how = False if cid is None else self._how(cid, plan.meta)
+        plan.generation = self.cache.updates
+
+    def _how(self, cid, meta):
+        """How the native cycle reduces cached id `cid` (made once per id; dropped when the id changes)."""
         how = self._native_how.get(cid, False)
         if how is False:
             how = self._native_how[cid] = native_cycle.reduce_how(
                 meta.dtype, meta.op, result_scale(meta.op, meta.scales[1], self.size), self.size)
+        return how
+
+    def _native_cycle(self, cid, bit, array, out, meta, how=False):
+        """The express cycle in one native call (native_cycle.py): True when it reduced the slots into `out`, else
+        (cycle, flags, ready) read from the snapshot exactly as _exchange_slots returns them. how: the native
+        reduce when the caller knows it (an ExpressPlan's), else False."""
+        exchange = self._exchange
+        c = self._cycle + 1
+        flags = _COORDINATOR_BUSY if self.rank == 0 and CoordinatorAgreement.owes(self) else 0
+        if how is False:
+            how = self._how(cid, meta)
         start = time.perf_counter()
         outcome = exchange.express(c, flags, cid, self._words, array, out, how)
         if outcome == native_cycle.DONE:

@@ -35,6 +35,7 @@ from .driving import Driver
 from .model import Collective, Failed, JoinDone, Shutdown, Warn, express_eligible
 from ..errors import RankFailureError, ShutdownError, StallError
 from .executor import Executor
+from .express_memo import ExpressMemo
 from .failure import DEAD_PEER_EXIT_GRACE_S, FailedIn, arm_hard_exit, pass_failure
 from . import flight_recorder
 from .flight_recorder import ERROR, FINISHED
@@ -72,6 +73,7 @@ class Engine:
         self.observer = Observer(self.ctrl, topology, config, self.agreement, lambda: self.executor.timeline)
         self.recorder = self.observer.recorder
         self.requests = {}              # name -> Request taken from the queue, not yet run (progress lock)
+        self.memo = ExpressMemo()       # recurring synchronous allreduces' plans (express_memo.py; the callers')
         self._running = ()              # the requests of the collective being executed
         self.wake = threading.Event()
         self.intake = Intake(self.rank, self.wake)     # the queue, the names in flight, a held-back request
@@ -114,7 +116,7 @@ class Engine:
         result); False when it went to the engine instead (the caller drives on as for any request)."""
         if not self.intake.claim(request):
             return False
-        outcome = self.express(request.name, request.meta, request.arrays[0], request.outs[0], request)
+        outcome = self.express(request.name, request.meta, request.arrays[0], request.outs[0], request, request.plan)
         if outcome is True:
             self.intake.release(request.name)
             request.handle._set_result(request.result())
@@ -226,18 +228,20 @@ class Engine:
             raise e
 
     # ------------------------------------------------------------------------------------------------ express
-    def express(self, name, meta, array, out, request=None):
+    def express(self, name, meta, array, out, request=None, plan=None):
         """A synchronous allreduce of one host array (or the Segments of a grouped one), tried in one agreement
         cycle on the caller's thread with no request, handle or queue (agreement.CycleAgreement.express), then
         reduced from the cycle's slots or, too large for them, on the transport right here: True when `out` holds
         the result; a Handle
         when the cycle decided otherwise and the collective continues on the general path; None when it does not
         apply (something else in flight, a first sighting, a timeline being written) and nothing was done.
-        `request`: the deferred async request this is (see submit), which becomes the ordinary request if need be."""
-        self.intake.flush()
+        `request`: the deferred async request this is (see submit), which becomes the ordinary request if need be.
+        `plan`: the call's ExpressPlan (express_memo.py; made only for express-eligible calls)."""
+        if self.intake.deferred is not None:
+            self.intake.flush()
         timeline = self.executor.timeline
         if (self.requests or self.join_handle is not None or (timeline is not None and not timeline.closed)
-                or not express_eligible(meta)):
+                or (plan is None and not express_eligible(meta))):
             return None
         lock = self._progress_lock
         if not lock.acquire(blocking=False):
@@ -251,7 +255,7 @@ class Engine:
             # the flight recorder's entry (a deferred request has had one since its submission)
             entry = self.recorder.begin(name, meta, start) if request is None else None
             make_request = self._express_request if request is None else self._registered(request)
-            outcome = self.agreement.express(name, meta, array, out, make_request)
+            outcome = self.agreement.express(name, meta, array, out, make_request, plan)
             if outcome is None:
                 self.recorder.retract(entry)
                 return None

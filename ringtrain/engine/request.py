@@ -7,11 +7,12 @@ id, one handle. Its arrays are packed back to back, so the per-step cost does no
 
 
 class Request:
-    __slots__ = ("name", "meta", "arrays", "outs", "handle", "ops", "ready_event", "grouped")
+    __slots__ = ("name", "meta", "arrays", "outs", "handle", "ops", "ready_event", "grouped", "plan")
 
-    def __init__(self, name, meta, arrays, outs, handle, ops, ready_event=None, grouped=False):
+    def __init__(self, name, meta, arrays, outs, handle, ops, ready_event=None, grouped=False, plan=None):
         self.name, self.meta, self.arrays, self.outs = name, meta, arrays, outs
         self.handle, self.ops, self.ready_event, self.grouped = handle, ops, ready_event, grouped
+        self.plan = plan            # its ExpressPlan (express_memo.py) when the caller has one
 
     @property
     def array(self):

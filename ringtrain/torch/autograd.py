@@ -98,6 +98,9 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
                       postscale_factor=1.0, process_set=global_process_set) -> list:
     """allreduce of each tensor, negotiated and fused as one group; differentiable. Returns a list."""
+    tensors = list(tensors)
+    if compression is Compression.none and not _wants_grad(tensors):
+        return _allreduce_forward(tensors, average, name, op, prescale_factor, postscale_factor, process_set)
     compressed = [compression.compress(t) for t in tensors]
     if not _wants_grad([c for c, _ in compressed]):
         results = _allreduce_forward([c for c, _ in compressed], average, name, op, prescale_factor,
