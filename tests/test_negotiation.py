@@ -255,3 +255,12 @@ def test_collectives_carry_the_scale_rule():
     [bucket] = __import__("ringtrain.engine.negotiation").engine.negotiation.fuse_allreduces(
         [("x", meta(op=0)), ("y", meta(op=0))], threshold=1 << 20, size=2)
     assert bucket.names == ("x", "y") and bucket.scale == 0.5
+
+
+def test_the_express_memo_is_bounded():
+    from ringtrain.engine.express_memo import ExpressMemo, ExpressPlan
+    memo = ExpressMemo(capacity=4)
+    for i in range(11):
+        plan = memo.put(("n", i), ExpressPlan(f"n{i}", meta()))
+        assert memo.get(("n", i)) is plan and len(memo.plans) <= 4
+    assert plan.generation == -1 and plan.nbytes == 16 and plan.cid is None

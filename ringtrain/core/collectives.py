@@ -17,7 +17,7 @@ from .names import auto_name
 from .names import slot_name as _slot_name
 from ..engine.express_memo import ExpressPlan
 from ..engine.model import Meta, express_eligible
-from ..ops import Average, Sum, as_op, check_op_dtype, dtype_name, is_adasum
+from ..ops import Average, ReduceOp, Sum, as_op, check_op_dtype, dtype_name, is_adasum
 from .routing import route
 from ..engine.request import Request
 from ..transports.segments import Segments
@@ -28,7 +28,7 @@ def _name(kind, name, to):
     unnamed call's name is a recurring slot (names.slot_name): when this rank still has that slot's previous
     collective in flight (an unnamed async call not waited for yet), this drives the engine until it is done."""
     if name is not None:
-        return _slot_name(kind, name)
+        return name if name.__class__ is str and name else _slot_name(kind, name)    # (the latter raises)
     name = _slot_name(kind if to.process_set_id == 0 else f"{kind}.set{to.process_set_id}", None)
     to.engine.await_names_free(name)
     return name
@@ -86,9 +86,12 @@ def _submit(kind, array, name, op=-1, root=-1, scales=(1.0, 1.0), splits=(), out
 
 
 def _enqueue(to, name, meta, array, out, sync, plan=None):
-    ops = ops_for(meta.device)
     handle = Handle((name,), to.engine.drive)
-    request = Request(name, meta, (array,), (out,), handle, ops, ops.ready_event(), plan=plan)
+    if plan is not None:            # a host array's
+        request = Request(name, meta, (array,), (out,), handle, HOST_OPS, None, plan=plan)
+    else:
+        ops = ops_for(meta.device)
+        request = Request(name, meta, (array,), (out,), handle, ops, ops.ready_event())
     to.engine.run(request) if sync else to.engine.submit(request)
     return handle
 
@@ -98,7 +101,7 @@ def allreduce_async(array, op=Average, name: "str | None" = None, prescale_facto
                     postscale_factor: float = 1.0, out=None, process_set: "ProcessSet | None" = None) -> Handle:
     """Reduce `array` over all ranks (of `process_set`). `out=array` reduces in place. Average divides by the number
     of ranks (integers: rounded toward zero, as Horovod)."""
-    if is_adasum(op):
+    if op.__class__ is not ReduceOp and is_adasum(op):
         return _adasum([array], None if out is None else [out], name, prescale_factor, postscale_factor,
                        process_set, False, True)
     return _allreduce(array, op, name, prescale_factor, postscale_factor, out, False, process_set)
@@ -112,11 +115,12 @@ def allreduce(array, op=Average, name: "str | None" = None, prescale_factor: flo
     ranks: ringtrain.core.adasum). The input is multiplied by `prescale_factor` before the reduction and the result
     by `postscale_factor` after it. Ranks must call it with the same shape, dtype and op under the same `name`
     (default: derived from the call order); a mismatch raises TensorMismatchError on every rank."""
-    if is_adasum(op):
-        return _adasum([array], None if out is None else [out], name, prescale_factor, postscale_factor,
-                       process_set, True, True).wait()
+    if op.__class__ is not ReduceOp:
+        if is_adasum(op):
+            return _adasum([array], None if out is None else [out], name, prescale_factor, postscale_factor,
+                           process_set, True, True).wait()
+        op = as_op(op)
     to = route(process_set)
-    op = as_op(op)
     out = _allreduce_out(array, out)
     name, meta, plan = _allreduce_plan(to, name, op, array, prescale_factor, postscale_factor)
     # a cached host allreduce with nothing else in flight takes one agreement cycle on this thread, with no
@@ -151,8 +155,9 @@ def _allreduce_plan(to, name, op, array, prescale_factor, postscale_factor):
 
 def _allreduce_out(array, out):
     if out is None:
-        ops = HOST_OPS if type(array) is np.ndarray else ops_for(_device_of(array))
-        return ops.empty(array.shape, array.dtype)
+        if type(array) is np.ndarray:
+            return HOST_OPS.results.empty(array.shape, array.dtype)
+        return ops_for(_device_of(array)).empty(array.shape, array.dtype)
     if out.shape != array.shape or out.dtype != array.dtype:
         raise ValueError(f"allreduce out has shape {out.shape} {out.dtype}, input {array.shape} {array.dtype}")
     return out
@@ -160,7 +165,7 @@ def _allreduce_out(array, out):
 
 def _allreduce(array, op, name, prescale_factor, postscale_factor, out, sync, process_set):
     to = route(process_set)
-    op = as_op(op)
+    op = op if op.__class__ is ReduceOp else as_op(op)
     out = _allreduce_out(array, out)
     name, meta, plan = _allreduce_plan(to, name, op, array, prescale_factor, postscale_factor)
     return _enqueue(to, name, meta, array, out, sync, plan)
@@ -181,10 +186,11 @@ def grouped_allreduce(arrays, op=Average, name: "str | None" = None, prescale_fa
     """Allreduce several arrays as one collective (one agreement, packed into one bucket) and return the list of
     results; `outs=arrays` reduces them in place. Arguments as allreduce(); with op=Adasum each array's dot
     products are its own, so the result is each array's Adasum."""
-    if is_adasum(op):
-        return _adasum(arrays, outs, name, prescale_factor, postscale_factor, process_set, True, False).wait()
+    if op.__class__ is not ReduceOp:
+        if is_adasum(op):
+            return _adasum(arrays, outs, name, prescale_factor, postscale_factor, process_set, True, False).wait()
+        op = as_op(op)
     to = route(process_set)
-    op = as_op(op)
     arrays = list(arrays)
     name = _name("grouped_allreduce", name, to) if arrays else name
     # a recurring group of numpy arrays (the same name, op, scales, dtypes and shapes) has an ExpressPlan in the

@@ -32,7 +32,8 @@ def route(process_set):
     anything is sent, when this rank is not a member or the set is not (or no longer) registered."""
     global _world_route
     if process_set is None or process_set is global_process_set or getattr(process_set, "process_set_id", -1) == 0:
-        engine = state.engine()
+        current = state._state        # (the module's own state: two calls fewer than state.engine() on every call)
+        engine = current[1] if current is not None else state.engine()      # (the latter raises)
         world = _world_route           # cached: every world collective passes here (one per gradient bucket part)
         if world is None or world.engine is not engine:
             world = _world_route = Route(engine, state.rank(), state.size(), (), 0)

@@ -319,7 +319,12 @@ class CycleAgreement(CoordinatorAgreement):
         if cid is None:
             return None
         bit = 1 << cid
-        eager = (cid, array) if self._eager_fits(array) else None
+        if plan is not None:        # a plan's array is one ndarray (a group's is packed): no Segments here
+            nbytes = plan.nbytes
+            fits = nbytes <= self._eager_bytes and (nbytes <= SHARED_EAGER_BYTES or not self._shared(array))
+        else:
+            fits = self._eager_fits(array)
+        eager = (cid, array) if fits else None
         if eager is not None and self._native is not None and array.flags.c_contiguous and out.flags.c_contiguous:
             c = self._native_cycle(cid, bit, array, out, meta, how)
             if c is True:
@@ -359,7 +364,8 @@ class CycleAgreement(CoordinatorAgreement):
         reduce when the caller knows it (an ExpressPlan's), else False."""
         exchange = self._exchange
         c = self._cycle + 1
-        flags = _COORDINATOR_BUSY if self.rank == 0 and CoordinatorAgreement.owes(self) else 0
+        coordinator = self.coordinator
+        flags = _COORDINATOR_BUSY if coordinator is not None and (coordinator.pending or coordinator.joined) else 0
         if how is False:
             how = self._how(cid, meta)
         start = time.perf_counter()

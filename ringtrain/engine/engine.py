@@ -97,13 +97,16 @@ class Engine:
         thread hand-off: what a synchronous call costs). Anything else hands it to the engine first, in submission
         order: another submission or call on this engine, a poll() of its handle, any engine pass (a peer's
         cycle included), or else the background thread's next look, within driving.IDLE_SLEEP_S."""
-        self._admit(request)
         intake = self.intake
-        if (express_eligible(request.meta) and len(request.arrays) == 1 and request.outs[0] is not None
-                and request.arrays[0].nbytes <= DEFER_BYTES and not request.grouped
-                and intake.hold(request, self._idle)):
-            request.handle._start = intake.flush
-            return
+        plan = request.plan         # a plan's request is one express-eligible array with its out
+        if (plan.nbytes <= DEFER_BYTES if plan is not None else
+                express_eligible(request.meta) and len(request.arrays) == 1 and request.outs[0] is not None
+                and request.arrays[0].nbytes <= DEFER_BYTES and not request.grouped):
+            if self._admit(request, hold=True):
+                request.handle._start = intake.flush
+                return
+        else:
+            self._admit(request)
         intake.flush()
         intake.put(request)
 
@@ -133,14 +136,18 @@ class Engine:
         self.intake.flush()
         self.driver.until(request.handle.done, None, first=request)
 
-    def _admit(self, request):
+    def _admit(self, request, hold=False):
+        """The request is this rank's in flight from now on (a name already in flight raises). hold: and held
+        back for a prompt wait when the engine is idle (see submit), in the same critical section: True if so."""
         with self._state_lock:
             if self.failed is not None:
                 raise self.failed
             if self.shutdown_requested:
                 raise ShutdownError("ringtrain is shutting down; no new collectives")
-            self.intake.admit(request.name)
+            intake = self.intake
+            intake.admit(request.name)
             self.recorder.begin(request.name, request.meta, request.handle.times["submitted"], request.handle)
+            return hold and intake.hold(request, self._idle)
 
     def await_names_free(self, name):
         """Drive the engine until no collective named `name` (or `name`.<part>) is in flight on this rank: the

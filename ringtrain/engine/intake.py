@@ -44,12 +44,11 @@ class Intake:
             return any(n == name or n.startswith(dotted) for n in self.names)
 
     def hold(self, request, idle):
-        """Hold `request` back instead of queueing it when nothing else is held or queued and idle() (called with
-        the lock held) says the engine has nothing in flight. True when held."""
-        with self.lock:
-            if self.deferred is None and self.queue.empty() and idle():
-                self.deferred = request
-                return True
+        """Lock held (the engine admits and holds in one critical section): hold `request` back instead of queueing
+        it when nothing else is held or queued and idle() says the engine has nothing in flight. True when held."""
+        if self.deferred is None and self.queue.empty() and idle():
+            self.deferred = request
+            return True
         return False
 
     def flush(self):

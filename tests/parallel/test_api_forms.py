@@ -239,3 +239,51 @@ def test_large_out_of_place_results_are_never_handed_out_while_held():
     y = hvd.allreduce(x, op=hvd.Sum, name="forms.pool.grad")
     y.sum().backward()
     np.testing.assert_array_equal(x.grad.numpy(), np.full(n, rt.size(), np.float32))
+
+
+def test_recurring_calls_under_one_name_with_other_dtypes_ops_and_shapes():
+    """The express memo keys a recurring call by (name, op, dtype, shape, scales): one name used with each of them in
+    turn, again and again, gives every call its own reference result (a plan reused across any of them would
+    reduce with the wrong dtype, op or scale)."""
+    r, size = rt.rank(), rt.size()
+    cases = [(np.float32, rt.Sum, 1.0, (6,)), (np.float64, rt.Sum, 1.0, (6,)), (np.float32, rt.Average, 1.0, (6,)),
+             (np.int32, rt.Sum, 1.0, (6,)), (np.float32, rt.Sum, 0.5, (6,)), (np.float32, rt.Sum, 1.0, (2, 3)),
+             (np.float64, rt.Max, 1.0, (6,))]
+    for round_ in range(4):
+        for i, (dtype, op, post, shape) in enumerate(cases):
+            inputs = [((np.arange(6) * (q + 2) + 7 * q + round_) % 23 + 0.5 * (dtype != np.int32))
+                      .astype(dtype).reshape(shape) for q in range(size)]
+            got = rt.allreduce(inputs[r], op=op, name="forms.memo.one_name", postscale_factor=post)
+            if op == rt.Max:
+                want = np.maximum.reduce(inputs)
+            else:
+                want = sum(x.astype(np.float64) for x in inputs) * post / (size if op == rt.Average else 1)
+            assert got.dtype == np.dtype(dtype) and got.shape == shape, (round_, i, got.dtype, got.shape)
+            np.testing.assert_allclose(got, want.astype(dtype), rtol=1e-6, err_msg=f"rank {r} round {round_} "
+                                       f"case {i}: {np.dtype(dtype).name} {op.name} postscale {post} {shape}")
+            # the same name in a group of two: its own plan, results of their own shapes
+            parts = rt.grouped_allreduce([inputs[r], inputs[r][..., :1] * 2], op=op, name="forms.memo.one_group",
+                                         postscale_factor=post)
+            assert [p.shape for p in parts] == [shape, shape[:-1] + (1,)], [p.shape for p in parts]
+            np.testing.assert_allclose(parts[0], want.astype(dtype), rtol=1e-6)
+
+
+def test_grouped_results_keep_their_shapes_and_are_independent():
+    """A recurring small group is packed into one array and its results are views of it: each has its array's
+    shape and values, and writing into one leaves the others as they were."""
+    r, size = rt.rank(), rt.size()
+    shapes = [(3, 4), (5,), (2, 2, 2), (1,)]
+
+    def given(q, call):
+        return [(np.arange(int(np.prod(s)), dtype=np.float32).reshape(s) * (k + 1) + q + call) for k, s in
+                enumerate(shapes)]
+    for call in range(5):
+        results = hvd.grouped_allreduce([torch.from_numpy(a) for a in given(r, call)], op=hvd.Sum,
+                                        name="forms.memo.shapes")
+        want = [sum(given(q, call)[k] for q in range(size)) for k in range(len(shapes))]
+        assert [tuple(t.shape) for t in results] == shapes
+        for k, t in enumerate(results):
+            np.testing.assert_array_equal(t.numpy(), want[k], err_msg=f"rank {r} call {call} tensor {k}")
+        results[1].fill_(-1.0)
+        for k in (0, 2, 3):
+            np.testing.assert_array_equal(results[k].numpy(), want[k], err_msg=f"tensor {k} after a write into 1")

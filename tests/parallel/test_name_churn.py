@@ -120,3 +120,29 @@ def test_a_reused_id_runs_the_new_names_collective(small_cache):
             got = rt.broadcast(np.full(2, float(rank + k)), root_rank=k % size, name=f"churn.reused.{k}")
             np.testing.assert_array_equal(got, np.full(2, float(k % size + k)), err_msg=f"name {k} call {repeat}")
     _check_bounded()
+
+
+def test_recurring_calls_survive_the_eviction_of_their_cache_entry(small_cache):
+    """The express memo keeps a call's cache id with the cache state it read it at: after churn evicted the entry
+    (and gave its id to another name), the call is a first sighting again and its plan follows the new entry,
+    also on a rank whose memo has forgotten the call (its peers' plans must not run ahead of it)."""
+    rank, size = rt.rank(), rt.size()
+    agreement, memo = state.engine().agreement, state.engine().memo
+    x = np.full(4, rank + 1.0, np.float32)
+    want = np.full(4, size * (size + 1) / 2, np.float32)
+    for rnd in range(3):
+        for _ in range(3):
+            np.testing.assert_array_equal(rt.allreduce(x, op=rt.Sum, name="churn.memo"), want)
+        for i in range(CAPACITY + 8):                      # every older entry goes
+            rt.allreduce(np.ones(1 + i % 3, np.float32), op=rt.Sum, name=f"churn.memo.{rnd}.{i}")
+        if rank == size - 1:
+            memo.clear()
+        for _ in range(3):
+            np.testing.assert_array_equal(rt.allreduce(x, op=rt.Sum, name="churn.memo"), want,
+                                          err_msg=f"rank {rank} round {rnd}")
+        plans = [p for p in memo.plans.values() if p.name == "churn.memo"]
+        assert len(plans) == 1
+        plan = plans[0]
+        assert plan.cid is not None and agreement.cache.keys[plan.cid] == (plan.name, plan.meta), \
+            (rank, rnd, plan.cid, agreement.cache.keys.get(plan.cid))
+    _check_bounded()

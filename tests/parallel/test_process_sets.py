@@ -110,6 +110,25 @@ def test_two_rank_set_at_every_size(sets):
 
 
 @pytest.mark.mpi(min_size=2)
+def test_one_name_in_the_world_and_in_a_set_that_goes_and_comes_back(sets):
+    """Recurring calls keep their express plans per engine: the same name, op and array in the world and in `pair`
+    each reduce over their own ranks, also after `pair` was removed and added again (a new engine, a new cache)."""
+    pair = sets[2]
+    me, n = rt.rank(), rt.size()
+    for rnd in range(2):
+        for call in range(3):
+            np.testing.assert_allclose(rt.allreduce(value(me), name="ps.memo"),
+                                       sum(value(r) for r in range(n)) / n, err_msg=f"world {rnd} {call}")
+            if pair.included():
+                got = rt.allreduce(value(me), name="ps.memo", process_set=pair)
+                np.testing.assert_allclose(got, (value(0) + value(1)) / 2, err_msg=f"pair {rnd} {call}")
+                parts = rt.grouped_allreduce([value(me), value(me, (3,))], name="ps.memo", process_set=pair)
+                np.testing.assert_allclose(parts[1], (value(0, (3,)) + value(1, (3,))) / 2)
+        rt.remove_process_set(pair)
+        rt.add_process_set(pair)
+
+
+@pytest.mark.mpi(min_size=2)
 def test_mismatch_is_detected_inside_a_set(sets):
     pair = sets[2]
     if pair.included():
