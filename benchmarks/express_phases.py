@@ -18,7 +18,9 @@ Two parts, both in one job:
    (reduce_in_rank_order minus the scale), scale (ops.scale_into), engine's own logic (Engine.express minus the
    agreement and the executor), call overhead (the rest of the public call: binding, output allocation, routing).
    Native path: the native call (slot fill, fence, publish, wait for the peer, reduce, scale) replaces fill,
-   publish, wait, reduce and scale.
+   publish, wait, reduce and scale. A recurring call takes its plan from the engine's express memo
+   (engine/express_memo.py): describe/Meta and the cache lookup then run only for a call's first sighting, and
+   read ~0 per call.
 """
 import argparse
 import os

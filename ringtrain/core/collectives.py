@@ -30,7 +30,9 @@ def _name(kind, name, to):
     if name is not None:
         return name if name.__class__ is str and name else _slot_name(kind, name)    # (the latter raises)
     name = _slot_name(kind if to.process_set_id == 0 else f"{kind}.set{to.process_set_id}", None)
-    to.engine.await_names_free(name)
+    engine = to.engine
+    if engine.intake.names:         # something in flight on this rank (else nothing to wait for: no call)
+        engine.await_names_free(name)
     return name
 
 

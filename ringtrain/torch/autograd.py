@@ -82,7 +82,7 @@ def _allreduce_forward(tensors, average, name, op, prescale_factor, postscale_fa
 def _wants_grad(tensors):
     """Autograd records the call only when a gradient can flow: grad mode on and some input requires it. Otherwise
     the call skips torch.autograd.Function altogether (its bookkeeping costs more than a small allreduce)."""
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    return torch.is_grad_enabled() and any([t.requires_grad for t in tensors])   # (a list: no generator frames)
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
