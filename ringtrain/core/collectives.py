@@ -186,8 +186,9 @@ def grouped_allreduce_async(arrays, op=Average, name: "str | None" = None, presc
 def grouped_allreduce(arrays, op=Average, name: "str | None" = None, prescale_factor: float = 1.0,
                       postscale_factor: float = 1.0, outs=None, process_set: "ProcessSet | None" = None) -> list:
     """Allreduce several arrays as one collective (one agreement, packed into one bucket) and return the list of
-    results; `outs=arrays` reduces them in place. Arguments as allreduce(); with op=Adasum each array's dot
-    products are its own, so the result is each array's Adasum."""
+    results (new arrays; those of a small group may be views of one new array, never of the inputs); `outs=arrays`
+    reduces them in place. Arguments as allreduce(); with op=Adasum each array's dot products are its own, so the
+    result is each array's Adasum."""
     if op.__class__ is not ReduceOp:
         if is_adasum(op):
             return _adasum(arrays, outs, name, prescale_factor, postscale_factor, process_set, True, False).wait()
