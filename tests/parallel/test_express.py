@@ -216,25 +216,3 @@ def test_a_stopped_timeline_leaves_the_express_path_open(outcomes, tmp_path):
     kinds = [kind for name, kind in outcomes if name == "express.traced"]
     assert {"eager", "agreed"} & set(kinds), kinds
 
-
-def test_every_form_of_a_recurring_call_gives_the_reference():
-    """Every public form of a small allreduce, called again and again (each recurring call reuses its express
-    plan): in place, out of place, unnamed, async + wait, grouped, numpy -- the numpy reference on every rank."""
-    import torch
-    import ringtrain.torch as hvd
-    r, size, n = rt.rank(), rt.size(), 1000
-    for call in range(4):
-        xs = inputs(n, call)
-        want = sum(x.astype(np.float64) for x in xs) / size
-        t = torch.from_numpy(xs[r].copy())
-        results = {"in_place": hvd.allreduce_(t.clone(), name="forms4.in_place"),
-                   "out_of_place": hvd.allreduce(t, name="forms4.out"),
-                   "unnamed": hvd.allreduce(t),
-                   "async": hvd.synchronize(hvd.allreduce_async(t, name="forms4.async")),
-                   "grouped": torch.cat(hvd.grouped_allreduce([t[:300], t[300:]], name="forms4.grouped")),
-                   "numpy": rt.allreduce(xs[r], name="forms4.numpy")}
-        late = [hvd.allreduce_async(t * k, name=f"forms4.late.{k}") for k in (1, 2)]
-        for k, handle in reversed(list(enumerate(late, 1))):
-            results[f"async waited out of order {k}"] = hvd.synchronize(handle) / k
-        for form, got in results.items():
-            np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, err_msg=f"rank {r} {form} call {call}")
