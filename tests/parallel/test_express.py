@@ -215,4 +215,3 @@ def test_a_stopped_timeline_leaves_the_express_path_open(outcomes, tmp_path):
         np.testing.assert_array_equal(rt.allreduce(x[rt.rank()], op=rt.Sum, name="express.traced"), want)
     kinds = [kind for name, kind in outcomes if name == "express.traced"]
     assert {"eager", "agreed"} & set(kinds), kinds
-
