@@ -1,6 +1,21 @@
-"""Where ringtrain's compiled sources are: ringtrain/_csrc in an installed wheel (setup.py copies csrc/ there),
-else <repo>/csrc in a source checkout or editable install."""
+"""ringtrain's compiled sources, built on first use: where they are (ringtrain/_csrc in an installed wheel, which
+setup.py copies csrc/ into, else <repo>/csrc in a source checkout or editable install), and how a library is built
+once per machine and loaded once per process.
+
+    path = csrc.built("stream_copy.c", command)                  # compiled into the per-user cache if not there
+    module = csrc.load_extension("_stream_copy", path)           # a CPython extension module
+    library = csrc.OnFirstUse(load)                              # library(): load()'s result, or why it failed
+
+A library's file name hashes its source text, the platform, the versions it depends on and the compiler command,
+so an edited source (a planted bug included), an upgrade or other flags build afresh and everything else loads the
+cached file.
+"""
+import hashlib
+import importlib.machinery
+import importlib.util
 import os
+import sys
+import threading
 
 
 def find(files):
@@ -47,3 +62,45 @@ def build_library(command, source, target, timeout=BUILD_TIMEOUT_S):
         finally:
             if os.path.exists(partial):
                 os.remove(partial)
+
+
+def built(source_name, command, key=(), suffix=".so", timeout=BUILD_TIMEOUT_S):
+    """The path of csrc/`source_name` compiled with `command` (see build_library), built now if the cache lacks it.
+    `key`: the versions the library depends on (Python's, a framework's), hashed into its name with the source text,
+    the platform and the command."""
+    source = os.path.join(find([source_name]), source_name)
+    with open(source, encoding="utf-8") as f:
+        text = f.read()
+    digest = hashlib.sha256("\0".join([text, sys.platform, *key, *command]).encode()).hexdigest()[:16]
+    target = os.path.join(cache_dir(), f"{os.path.splitext(source_name)[0]}-{digest}{suffix}")
+    if not os.path.exists(target):
+        build_library(command, source, target, timeout)
+    return target
+
+
+def load_extension(name, path):
+    """The CPython extension module `name` from the shared library at `path`."""
+    loader = importlib.machinery.ExtensionFileLoader(name, path)
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+class OnFirstUse:
+    """Calls `load` once per process, on first use, under a lock; afterwards returns what it returned, or a str saying
+    why it raised (no compiler, a build error or timeout, a library that will not load): callers fall back."""
+
+    def __init__(self, load):
+        self._load = load
+        self._lock = threading.Lock()
+        self._value = None
+
+    def __call__(self):
+        with self._lock:
+            if self._value is None:
+                try:
+                    self._value = self._load()
+                except Exception as e:
+                    self._value = f"{type(e).__name__}: {e}"
+            return self._value

@@ -17,14 +17,10 @@ against this Python's headers into ringtrain's per-user cache, under a name that
 version and the command (as the express cycle's). Not available (no compiler, a build error, or a CPU without AVX):
 the shm transport writes results as before, with the same bits; RINGTRAIN_NATIVE=0 turns it off there too.
 """
-import hashlib
-import importlib.machinery
-import importlib.util
 import os
 import shlex
 import sys
 import sysconfig
-import threading
 
 import numpy as np
 
@@ -35,46 +31,21 @@ SOURCE = "stream_copy.c"
 # share of the last-level cache and more never stays cached for its reader anyway.
 STREAM_BYTES = 4 << 20
 
-_lock = threading.Lock()
-_module = None           # the loaded extension module, or the reason it is not available (a str)
-
 
 def compiler_command():
     return shlex.split(os.environ.get("CC", "cc")) + [
-        "-O2", "-std=gnu11", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC", "-w", "-I" + sysconfig.get_paths()["include"]]
-
-
-def library_path(source_text):
-    digest = hashlib.sha256("\0".join([source_text, sys.platform, sys.version] + compiler_command())
-                            .encode()).hexdigest()[:16]
-    return os.path.join(csrc.cache_dir(), f"stream_copy-{digest}{sysconfig.get_config_var('EXT_SUFFIX')}")
+        "-O2", "-std=gnu11", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC", "-w",
+        "-I" + sysconfig.get_paths()["include"]]
 
 
 def _load():
-    source = os.path.join(csrc.find([SOURCE]), SOURCE)
-    with open(source, encoding="utf-8") as f:
-        target = library_path(f.read())
-    if not os.path.exists(target):
-        csrc.build_library(compiler_command(), source, target)
-    loader = importlib.machinery.ExtensionFileLoader("_stream_copy", target)
-    spec = importlib.util.spec_from_file_location("_stream_copy", target, loader=loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    module = csrc.load_extension("_stream_copy", csrc.built(SOURCE, compiler_command(), key=[sys.version],
+                                                            suffix=sysconfig.get_config_var("EXT_SUFFIX")))
+    return module if module.streams() else "this CPU has no non-temporal stores the module uses"
 
 
-def library():
-    """The compiled module, or a str saying why it is not available (built once per process, on first use)."""
-    global _module
-    with _lock:
-        if _module is None:
-            try:
-                _module = _load()
-                if not _module.streams():
-                    _module = "this CPU has no non-temporal stores the module uses"
-            except Exception as e:          # no compiler, a build error or timeout, a module that will not load
-                _module = f"{type(e).__name__}: {e}"
-        return _module
+# the compiled module, or a str saying why it is not available (built once per process, on first use)
+library = csrc.OnFirstUse(_load)
 
 
 def available():

@@ -58,3 +58,39 @@ def test_ranks_building_together_load_one_whole_library(tmp_path):
              for _ in range(4)]
     outputs = [p.communicate(timeout=120) for p in procs]
     assert [(p.returncode, out.strip()) for p, (out, _) in zip(procs, outputs)] == [(0, "42")] * 4, outputs
+
+
+def test_built_names_the_library_by_source_key_and_command_and_reuses_it(tmp_path, monkeypatch):
+    """An edited source (a planted bug too), another version key or other flags build a new library; the same
+    inputs load the cached one."""
+    import ctypes
+    sources, cache = tmp_path / "csrc", tmp_path / "cache"
+    sources.mkdir()
+    monkeypatch.setattr(csrc, "find", lambda files: str(sources))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    command = [CC, "-shared", "-fPIC"]
+    (sources / "answer.c").write_text("int answer(void) { return 42; }\n")
+    first = csrc.built("answer.c", command, key=["v1"])
+    assert os.path.basename(first).startswith("answer-") and ctypes.CDLL(first).answer() == 42
+    assert csrc.built("answer.c", command, key=["v1"]) == first
+    assert csrc.built("answer.c", command, key=["v2"]) != first
+    assert csrc.built("answer.c", command + ["-O2"], key=["v1"]) != first
+    (sources / "answer.c").write_text("int answer(void) { return 43; }\n")
+    edited = csrc.built("answer.c", command, key=["v1"])
+    assert edited != first and ctypes.CDLL(edited).answer() == 43
+
+
+def test_on_first_use_loads_once_and_keeps_the_reason_it_failed():
+    calls = []
+
+    def load():
+        calls.append(1)
+        return "module" if len(calls) == 1 else "again"
+    library = csrc.OnFirstUse(load)
+    assert library() == "module" and library() == "module" and len(calls) == 1
+
+    def fail():
+        calls.append(1)
+        raise OSError("no compiler")
+    broken = csrc.OnFirstUse(fail)
+    assert broken() == "OSError: no compiler" and broken() == "OSError: no compiler" and len(calls) == 2

@@ -32,15 +32,11 @@ cc) against this Python's headers into ringtrain's per-user cache, under a name 
 version and the command. Not available (RINGTRAIN_NATIVE=0, no compiler, or a build error): the exchange
 runs the Python path, which computes the same results.
 """
-import hashlib
-import importlib.machinery
-import importlib.util
 import logging
 import os
 import shlex
 import sys
 import sysconfig
-import threading
 
 from .. import csrc
 
@@ -54,9 +50,6 @@ _F32, _F64, _I32, _I64 = 0, 1, 2, 3
 _NATIVE_DTYPES = {"float32": _F32, "float64": _F64, "int32": _I32, "int64": _I64}
 _SUM_OPS = (0, 1)        # ReduceOp.AVERAGE, ReduceOp.SUM: both sum, then scale
 
-_lock = threading.Lock()
-_module = None           # the loaded extension module, or the reason it is not available (a str)
-
 
 def compiler_command():
     return shlex.split(os.environ.get("CC", "cc")) + [
@@ -64,35 +57,13 @@ def compiler_command():
         "-I" + sysconfig.get_paths()["include"]]
 
 
-def library_path(source_text):
-    digest = hashlib.sha256("\0".join([source_text, sys.platform, sys.version] + compiler_command())
-                            .encode()).hexdigest()[:16]
-    return os.path.join(csrc.cache_dir(), f"express_cycle-{digest}{sysconfig.get_config_var('EXT_SUFFIX')}")
-
-
 def _load():
-    source = os.path.join(csrc.find([SOURCE]), SOURCE)
-    with open(source, encoding="utf-8") as f:
-        target = library_path(f.read())
-    if not os.path.exists(target):
-        csrc.build_library(compiler_command(), source, target)
-    loader = importlib.machinery.ExtensionFileLoader("_express_cycle", target)
-    spec = importlib.util.spec_from_file_location("_express_cycle", target, loader=loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    return csrc.load_extension("_express_cycle", csrc.built(SOURCE, compiler_command(), key=[sys.version],
+                                                            suffix=sysconfig.get_config_var("EXT_SUFFIX")))
 
 
-def library():
-    """The compiled module, or a str saying why it is not available (built once per process, on first use)."""
-    global _module
-    with _lock:
-        if _module is None:
-            try:
-                _module = _load()
-            except Exception as e:          # no compiler, a build error or timeout, a module that will not load
-                _module = f"{type(e).__name__}: {e}"
-        return _module
+# the loaded extension module, or a str saying why it is not available (built once per process, on first use)
+library = csrc.OnFirstUse(_load)
 
 
 def reduce_how(dtype, op, scale, size):

@@ -10,10 +10,8 @@ afresh and everything else loads the cached library. Ranks starting together tak
 `pip install ringtrain[jax]` free of a build step that needs jaxlib's headers in pip's isolated build environment.
 """
 import ctypes
-import hashlib
 import os
 import shlex
-import sys
 
 import jax
 import jaxlib
@@ -32,28 +30,13 @@ def compiler_command():
                                                         jax.ffi.include_dir()]
 
 
-def library_path(source_text):
-    digest = hashlib.sha256("\0".join([source_text, jaxlib.__version__, sys.platform] + compiler_command())
-                            .encode()).hexdigest()[:16]
-    return os.path.join(csrc.cache_dir(), f"xla_host_call-{digest}.so")
-
-
-def build(source, target):
-    """Compile `source` into `target` (see ringtrain.csrc.build_library)."""
-    csrc.build_library(compiler_command(), source, target, BUILD_TIMEOUT_S)
-
-
 def load():
     """(ctypes.CDLL, None) with the handler built and loaded, or (None, why it could not be)."""
     global _loaded
     if _loaded is None:
         try:
-            source = os.path.join(csrc.find([SOURCE]), SOURCE)
-            with open(source, encoding="utf-8") as f:
-                target = library_path(f.read())
-            if not os.path.exists(target):
-                build(source, target)
-            library = ctypes.CDLL(target)
+            library = ctypes.CDLL(csrc.built(SOURCE, compiler_command(), key=[jaxlib.__version__],
+                                             timeout=BUILD_TIMEOUT_S))
             for symbol in SYMBOLS:
                 getattr(library, symbol)          # AttributeError when missing
             _loaded = (library, None)

@@ -24,12 +24,10 @@ warning: correct for collectives created in the same order on every rank, but no
 """
 import atexit
 import ctypes
-import hashlib
 import itertools
 import os
 import queue
 import shlex
-import sys
 import threading
 import warnings
 
@@ -60,18 +58,8 @@ def compiler_command():
             + tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags())
 
 
-def library_path(source_text):
-    digest = hashlib.sha256("\0".join([source_text, tf.__version__, sys.platform] + compiler_command())
-                            .encode()).hexdigest()[:16]
-    return os.path.join(csrc.cache_dir(), f"tf_host_call-{digest}.so")
-
-
 def _load():
-    source = os.path.join(csrc.find([SOURCE]), SOURCE)
-    with open(source, encoding="utf-8") as f:
-        target = library_path(f.read())
-    if not os.path.exists(target):
-        csrc.build_library(compiler_command(), source, target)
+    target = csrc.built(SOURCE, compiler_command(), key=[tf.__version__])
     module = tf.load_op_library(target)
     library = ctypes.CDLL(target)
     library.ringtrain_tf_output.restype = ctypes.c_void_p
