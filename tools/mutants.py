@@ -810,12 +810,6 @@ MUTANTS = [
            (Tests((ELASTIC_LOSSLESS,), select="rollback"),),
            "elastic workers call MPI_Finalize at exit: with the worlds they left still allocated it fails to close "
            "the fabric and MPICH aborts the finished worker (exit code 15)"),
-    Mutant("elastic_host_check_never_decides", "ringtrain/elastic/lossless.py",
-           "                self.decide(collectives.synchronize(pending).max(axis=0))\n",
-           "                collectives.synchronize(pending)\n",
-           (Tests((ELASTIC_LOSSLESS,), select="random_moment"),),
-           "the step-boundary host check gathers what the ranks heard but never acts on it: a worker ready to join "
-           "waits for ever"),
     Mutant("elastic_steps_not_counted", "ringtrain/torch/elastic_state.py",
            "            self.steps += 1\n",
            "",

@@ -10,10 +10,9 @@ alike on every rank. So once the next world has formed, the survivors compare ho
 sampler's record travels with it, so the samples of the step that did not complete anywhere are dealt again.
 
 HostCheck: agreeing, at step boundaries, that the driver reported workers added or removed. After each step every
-rank starts an allgather of what it has heard (3 integers) without waiting for it, and reads the previous step's
-(done by then: the step's own collectives came after it), so no step waits on it; the boundary after a decision
-(where a step begins, or a commit) raises HostsUpdatedInterrupt on every rank alike. A collective error met there is
-held for that boundary too, so a step that completed is never reported as failed.
+rank allgathers what it has heard (3 integers); the next boundary (where a step begins, or a commit) raises
+HostsUpdatedInterrupt on every rank alike. A collective error met there is held for that boundary too, so a step
+that completed is never reported as failed.
 """
 import numpy as np
 
@@ -58,24 +57,18 @@ class HostCheck:
     def __init__(self):
         self.seen = -1                  # the newest update sequence number acted on
         self._held = None               # what boundary() raises next
-        self._pending = None            # the last step's allgather (its handle), read after the next step
 
     def reset(self):
         self._held = None
-        self._pending = None            # (of a world left behind)
 
     def step_done(self):
-        """After an optimizer step: decide on what the ranks heard by the last step (its allgather is done), and
-        start this step's. Never raises (the step is done; its record must follow it): what it decides, or the
-        collective error it met, waits for boundary()."""
+        """After an optimizer step: agree on what the ranks heard (one small allreduce). Never raises (the step is
+        done; its record must follow it): what it decides, or the collective error it met, waits for boundary()."""
         if not worker.enabled() or not core_state.is_initialized() or self._held is not None:
             return
         try:
-            if self._pending is not None:
-                pending, self._pending = self._pending, None
-                self.decide(collectives.synchronize(pending).max(axis=0))
-            self._pending = collectives.allgather_async(np.array([heard_updates()], dtype=np.int64),
-                                                        name=HOST_CHECK_NAME)
+            heard = collectives.allgather(np.array([heard_updates()], dtype=np.int64), name=HOST_CHECK_NAME)
+            self.decide(heard.max(axis=0))
         except HorovodInternalError as error:
             self._held = error
 
