@@ -27,6 +27,7 @@ import logging
 import sys
 import threading
 import time
+from functools import partial
 
 from .. import errors
 from .agreement import make_agreement
@@ -122,7 +123,7 @@ class Engine:
         outcome = self.express(request.name, request.meta, request.arrays[0], request.outs[0], request, request.plan)
         if outcome is True:
             self.intake.release(request.name)
-            request.handle._set_result(request.result())
+            request.handle._set_result(request.outs[0])     # (a held-back request is one array, never grouped)
             return True
         if outcome is None:                # express did not apply: an ordinary request after all
             self.intake.queue.put(request)
@@ -261,7 +262,7 @@ class Engine:
             start = time.perf_counter()
             # the flight recorder's entry (a deferred request has had one since its submission)
             entry = self.recorder.begin(name, meta, start) if request is None else None
-            make_request = self._express_request if request is None else self._registered(request)
+            make_request = self._express_request if request is None else partial(self._adopt, request)
             outcome = self.agreement.express(name, meta, array, out, make_request, plan)
             if outcome is None:
                 self.recorder.retract(entry)
@@ -289,13 +290,12 @@ class Engine:
         finally:
             lock.release()
 
-    def _registered(self, request):
-        """make_request for a deferred request: it becomes the engine's as it is (progress lock held)."""
-        def make_request(name, meta, array, out):
-            request.handle.times["queued"] = request.handle.times["submitted"]
-            self.requests[name] = request
-            return request
-        return make_request
+    def _adopt(self, request, name, meta, array, out):
+        """make_request (with `request` bound) for a deferred request: it becomes the engine's as it is (progress
+        lock held)."""
+        request.handle.times["queued"] = request.handle.times["submitted"]
+        self.requests[name] = request
+        return request
 
     def _express_request(self, name, meta, array, out):
         """The request an express allreduce becomes when its cycle did not finish it (progress lock held)."""
