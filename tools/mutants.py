@@ -1496,6 +1496,16 @@ MUTANTS = [
            "    return reduced\n",
            (Tests(("tests/parallel_jax/test_jax_collectives.py",), ranks=2, select="compressed_allreduce"),),
            "allreduce(compression=fp16) hands back float16 arrays instead of the caller's dtype"),
+    Mutant("solo_express_ignores_the_postscale", "ringtrain/engine/executor.py",
+           '_solo((array,), (out,), action.prescale * action.scale, ops_for("cpu"))',
+           '_solo((array,), (out,), action.prescale, ops_for("cpu"))',
+           (Tests(("tests/test_single_rank.py",), select="bit_for_bit"),),
+           "a one-rank allreduce on the express path drops the postscale"),
+    Mutant("solo_average_divides_by_two", "ringtrain/engine/solo.py",
+           'Collective.of("allreduce", (name,), (meta,), 1)',
+           'Collective.of("allreduce", (name,), (meta,), 2)',
+           (Tests(("tests/test_single_rank.py",), select="bit_for_bit"),),
+           "a one-rank express Average divides by two"),
 ]
 
 

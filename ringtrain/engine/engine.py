@@ -30,7 +30,7 @@ import time
 from functools import partial
 
 from .. import errors
-from .agreement import make_agreement
+from .solo import make_agreement
 from .control import ControlChannel
 from .driving import Driver
 from .model import Collective, Failed, JoinDone, Shutdown, Warn, express_eligible
@@ -249,7 +249,7 @@ class Engine:
             self.intake.flush()
         timeline = self.executor.timeline
         if (self.requests or self.join_handle is not None or (timeline is not None and not timeline.closed)
-                or (plan is None and not express_eligible(meta))):
+                or (plan is None and not express_eligible(meta) and (self.size > 1 or meta.device != "cpu"))):
             return None
         lock = self._progress_lock
         if not lock.acquire(blocking=False):

@@ -42,6 +42,14 @@ def _flat(array):
     return array if isinstance(array, Segments) or array.ndim == 1 else array.reshape(-1)
 
 
+def _solo(sources, targets, factor, ops):
+    """An allreduce at one rank: each target <- its source times factor (the op's scales); a target that is its
+    source with factor 1 is left alone."""
+    for src, dst in zip(sources, targets):
+        if dst is not src or factor != 1.0:
+            ops.unpack(src.reshape(-1), [dst.reshape(-1)], factor)
+
+
 class Executor:
     def __init__(self, topology, config, watchdog):
         self.topo, self.config, self.watchdog = topology, config, watchdog
@@ -132,9 +140,7 @@ class Executor:
         total = sum(_numel(m.shape) for m in metas)
         if self.size == 1:
             # nothing to exchange: skip the staging copies (a 25 MB bucket costs ms each way)
-            for src, dst in zip(sources, targets):
-                if dst is not src or prescale * scale != 1.0:
-                    ops.unpack(src.reshape(-1), [dst.reshape(-1)], prescale * scale)
+            _solo(sources, targets, prescale * scale, ops)
         elif len(sources) == 1 and not isinstance(sources[0], int) and express_eligible(meta):
             t0 = time.perf_counter()
             self.allreduce_one(action, sources[0], targets[0])
@@ -190,7 +196,12 @@ class Executor:
 
     def express(self, action, array, out):
         """The express path's one array, agreed alone in its own cycle: from the slots or on the transport."""
-        if action.source is Source.SLOTS:
+        if self.size == 1:                   # a communicator of one rank: what _allreduce does at one rank
+            if isinstance(array, Segments):
+                _solo(array.given, out.given, action.prescale * action.scale, ops_for("cpu"))
+            else:
+                _solo((array,), (out,), action.prescale * action.scale, ops_for("cpu"))
+        elif action.source is Source.SLOTS:
             self.reduce_slots(action, out)
         else:
             self.allreduce_one(action, array, out)
