@@ -142,3 +142,27 @@ def test_an_aborted_world_sends_no_agreement_message():
     finally:
         exchange.close()
         comm.Free()
+
+
+def test_a_sleeping_wait_sleeps_a_share_of_the_time_waited(monkeypatch, sleeper):
+    """After its polls a wait sleeps, but each sleep is short against the time already waited (from ~20 us up to
+    SLEEP_CAP_S): a peer that arrives a millisecond into the wait is seen within ~100 us, not a whole
+    millisecond-long sleep later. (The yields are made free here, as on an idle core: many polls in YIELD_S.)"""
+    monkeypatch.setattr(watchdog_module.os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    monkeypatch.setattr(watchdog_module.os, "sched_yield", lambda: None)
+    sleeps = []
+    clock = time.monotonic
+
+    def recording_sleep(seconds):
+        sleeps.append((clock() - start, seconds))
+        time.sleep(seconds)
+    monkeypatch.setattr(watchdog_module, "time", type("T", (), {"monotonic": staticmethod(clock),
+                                                               "sleep": staticmethod(recording_sleep)}))
+    watchdog = Watchdog({1: sleeper.pid})                       # 2 ranks on 1 core: sleeps after YIELD_S
+    start = clock()
+    watchdog.wait(lambda: clock() - start > 0.04, "a late peer")
+    assert sleeps and sleeps[0][0] >= watchdog_module.YIELD_S * 0.99
+    for waited, seconds in sleeps:
+        assert seconds <= watchdog_module.SLEEP_CAP_S <= 1e-3, (waited, seconds)
+        assert seconds <= max(watchdog_module.SLEEP_MIN_S, waited / 16), (waited, seconds, sleeps[:5])
+    assert max(s for _, s in sleeps) == watchdog_module.SLEEP_CAP_S     # a long wait backs off to the cap

@@ -1506,6 +1506,11 @@ MUTANTS = [
            'Collective.of("allreduce", (name,), (meta,), 2)',
            (Tests(("tests/test_single_rank.py",), select="bit_for_bit"),),
            "a one-rank express Average divides by two"),
+    Mutant("watchdog_sleeps_a_millisecond_after_the_yields", "ringtrain/engine/watchdog.py",
+           "time.sleep(min(SLEEP_CAP_S, max(SLEEP_MIN_S, waited * SLEEP_SHARE)))",
+           "time.sleep(min(1e-3, 1e-6 * spins))",
+           (Tests(("tests/test_watchdog.py",), select="share_of_the_time"),),
+           "a wait's first sleep after its polls is ~1 ms: a peer arriving just after pays up to that much more"),
 ]
 
 

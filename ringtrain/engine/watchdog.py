@@ -22,6 +22,14 @@ SPIN_POLLS = 64    # polls without yielding first -- only while this machine has
 # barrier, which polls the whole time. The engine's background thread never does: with overlap it shares its core
 # with the training thread.
 CALLER_YIELD_S = 0.05
+# Then sleeps, each a share of the time waited so far: the first few are as short as the OS allows (~60 us for a
+# 20 us request), so a peer arriving within the first millisecond or so is seen within ~100 us of its publish,
+# and a longer wait costs at most ~1/SLEEP_SHARE more than itself -- up to SLEEP_CAP_S, which bounds the wake-ups
+# of a long wait (a stalled peer) to ~2000 a second. (A sleep as long as the polls made so far in microseconds,
+# as before, started at ~1 ms right after the yields: every late peer cost up to a millisecond more.)
+SLEEP_MIN_S = 2e-5
+SLEEP_SHARE = 1 / 32
+SLEEP_CAP_S = 5e-4
 ENGINE_THREAD = "ringtrain-engine"     # the name of the engine's background thread
 
 
@@ -125,8 +133,8 @@ class Watchdog:
     def wait(self, done, what="", timeout=None):
         """Poll done() until it returns true: a short busy spin, then polls that yield the CPU for YIELD_S (on an
         oversubscribed machine the peer we wait for may need this very core; see yield_s() for the caller of a
-        synchronous collective), then sleeps backing off to 1 ms (an OS sleep costs ~60 us of latency, so it comes
-        last). Peers are checked meanwhile.
+        synchronous collective), then sleeps of a share of the time waited so far, from the shortest the OS gives to
+        SLEEP_CAP_S (an OS sleep costs ~60 us of latency, so it comes last). Peers are checked meanwhile.
         Raise RankFailureError on a dead peer, TimeoutError after `timeout` seconds."""
         spins = 0
         start = time.monotonic()
@@ -149,7 +157,7 @@ class Watchdog:
             self.check(what)
             if self.progress is not None:
                 self.progress()
-            time.sleep(min(1e-3, 1e-6 * spins))
+            time.sleep(min(SLEEP_CAP_S, max(SLEEP_MIN_S, waited * SLEEP_SHARE)))
             if timeout is not None and time.monotonic() - start > timeout:
                 raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
 
