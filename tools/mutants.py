@@ -864,7 +864,7 @@ MUTANTS = [
            "send to the dead rank crashes the process inside MPICH's ucx module (SIGSEGV in MPI_Isend)"),
     Mutant("elastic_workers_on_mpichs_ucx_module", "ringtrain/launch/elastic_workers.py",
            '        env.setdefault("MPIR_CVAR_CH4_NETMOD", "ofi")\n', "",
-           (Tests((ELASTIC,), select="send_to_the_worker_that_died"),),
+           (Tests((ELASTIC,), select="exchange_in_flight"),),
            "elastic workers on MPICH's default (ucx) network module: a survivor's send to a worker that just died "
            "crashes it inside MPI_Isend"),
     Mutant("elastic_waits_leave_mpi_progress_to_the_peer_checks", "ringtrain/world/join.py",
