@@ -8,8 +8,9 @@ Two implementations of one small interface, chosen from the topology:
                                                      on every rank
   owes() -> bool                                     something is pending that a peer may answer soon
 
-CoordinatorAgreement (one rank, or more ranks than MESSAGE_CYCLE_MAX_RANKS): every request goes to rank 0 -- full
-metadata the first time, a cache id after that -- and rank 0 answers with the actions (Horovod's original protocol).
+CoordinatorAgreement (more ranks than MESSAGE_CYCLE_MAX_RANKS; at one rank solo.py's SoloAgreement, which adds a
+cycle-free express path): every request goes to rank 0 -- full metadata the first time, a cache id after that -- and
+rank 0 answers with the actions (Horovod's original protocol).
 
 CycleAgreement (everything else): the steady state needs no rank 0. Ranks agree in *cycles*: in cycle c each rank
 publishes a slot -- a flag word and a bitmap of the cache ids it has ready -- and waits until it holds every rank's
