@@ -11,19 +11,16 @@ import ringtrain as rt
 import ringtrain.torch as hvd
 from ringtrain.core import state
 from ringtrain.core.names import UNNAMED_SLOTS
+from rank_data import data, total
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
 SIZES = (1, 1000, 300_000)          # one element, a slot-sized array, one past every eager slot (the transport)
 
 
-def data(n, salt, rank):
-    return ((np.arange(n) % 11) + 3 * rank + salt).astype(np.float32)
-
-
 def reference(n, salt, op="average"):
-    total = sum(data(n, salt, r).astype(np.float64) for r in range(rt.size()))
-    return (total / rt.size() if op == "average" else total).astype(np.float32)
+    summed = total(n, salt, rt.size())
+    return (summed / rt.size() if op == "average" else summed).astype(np.float32)
 
 
 @pytest.fixture
@@ -95,8 +92,8 @@ def test_a_scalar_metric_each_step():
         value = hvd.allreduce(torch.tensor(0.25 * step + rt.rank()), name="forms.metric")
         assert value.shape == () and value.dtype == torch.float32
         assert float(value) == pytest.approx(0.25 * step + (rt.size() - 1) / 2)
-        total = hvd.allreduce(torch.tensor(step + rt.rank(), dtype=torch.int64), op=hvd.Sum)    # unnamed
-        assert int(total) == rt.size() * step + rt.size() * (rt.size() - 1) // 2
+        summed = hvd.allreduce(torch.tensor(step + rt.rank(), dtype=torch.int64), op=hvd.Sum)    # unnamed
+        assert int(summed) == rt.size() * step + rt.size() * (rt.size() - 1) // 2
 
 
 def test_cached_synchronous_forms_take_the_express_path(outcomes):
