@@ -68,6 +68,17 @@ RT_AVX static void stream_copy(char *dst, const char *src, size_t n)
 
 #define RT_MAX_REGIONS 256
 
+/* one element without vectors (the head before dst's 32-byte boundary, and the tail): the same adds in the same
+   order as the vector loop, so every element has the same bits whichever loop wrote it */
+#define REDUCE_PUSH_ONE(T, i)                                                                                      \
+    {                                                                                                              \
+        T acc = o[i];                                                                                              \
+        for (int k = 0; k < nreg; k++) acc = acc + ((T *)regions[k])[i];                                           \
+        if (scaled) acc = acc * f;                                                                                 \
+        for (int k = 0; k < nreg; k++) ((T *)regions[k])[i] = acc;                                                 \
+        d[i] = acc;                                                                                                \
+    }
+
 /* dst is itemsize-aligned (checked by the caller), so the scalar head reaches its 32-byte boundary */
 #define REDUCE_PUSH(T, VT, LOAD, ADD, MUL, STORE, STREAM, SET1, LANES)                                             \
     {                                                                                                              \
@@ -75,13 +86,7 @@ RT_AVX static void stream_copy(char *dst, const char *src, size_t n)
         const T *o = (const T *)own;                                                                               \
         T f = (T)scale;                                                                                            \
         size_t i = 0;                                                                                              \
-        for (; i < n && ((uintptr_t)(d + i) & 31); i++) {                                                          \
-            T acc = o[i];                                                                                          \
-            for (int k = 0; k < nreg; k++) acc = acc + ((T *)regions[k])[i];                                       \
-            if (scaled) acc = acc * f;                                                                             \
-            for (int k = 0; k < nreg; k++) ((T *)regions[k])[i] = acc;                                             \
-            d[i] = acc;                                                                                            \
-        }                                                                                                          \
+        for (; i < n && ((uintptr_t)(d + i) & 31); i++) REDUCE_PUSH_ONE(T, i)                                      \
         VT vf = SET1(f);                                                                                           \
         for (; i + LANES <= n; i += LANES) {                                                                       \
             VT acc = LOAD(o + i);                                                                                  \
@@ -90,13 +95,7 @@ RT_AVX static void stream_copy(char *dst, const char *src, size_t n)
             for (int k = 0; k < nreg; k++) STORE((T *)regions[k] + i, acc);                                        \
             STREAM(d + i, acc);                                                                                    \
         }                                                                                                          \
-        for (; i < n; i++) {                                                                                       \
-            T acc = o[i];                                                                                          \
-            for (int k = 0; k < nreg; k++) acc = acc + ((T *)regions[k])[i];                                       \
-            if (scaled) acc = acc * f;                                                                             \
-            for (int k = 0; k < nreg; k++) ((T *)regions[k])[i] = acc;                                             \
-            d[i] = acc;                                                                                            \
-        }                                                                                                          \
+        for (; i < n; i++) REDUCE_PUSH_ONE(T, i)                                                                   \
     }
 
 RT_AVX static void reduce_push(int kind, char *dst, const char *own, char **regions, int nreg, size_t n,
