@@ -6,8 +6,8 @@
 Every job runs the same three loops on N workers (one thread each) and rank 0 times each iteration after a
 warm-up: `model`, a training step of an MLP (784-1024-1024-10, 1.9 M parameters, Adam, batch 32: 7.6 MB of
 gradients), the DistributedOptimizer's step as a job without an elastic state runs it; `model+lossless`, the step
-through the TorchState's wrapper (lossless mode: the step counted, then, in an elastic job, the 3-integer
-allgather of what each rank heard about added or removed workers); `model+commit`, the plain step and the work of
+through the TorchState's wrapper (lossless mode: the step counted for the step boundary the driver picks when
+workers are added or removed -- a lock and an increment, no collective); `model+commit`, the plain step and the work of
 commit() in roll-back mode (a copy of the model and optimizer state, then an allgather_object asking whether
 workers came or went), as a Horovod-style loop does every step, in every launch alike; `allgather_obj`, that allgather alone; `4KB` and `1MB`, one synchronous
 allreduce of that size; `1MB bcast`, a broadcast from rank 0. The launches:
@@ -75,7 +75,7 @@ def worker(steps, warmup, drive):
             if loop.startswith("model"):
                 optimizer.zero_grad()
                 torch.nn.functional.cross_entropy(model(x), y).backward()
-                if loop == "model+lossless":    # the step as the state wraps it: counted, host check after it
+                if loop == "model+lossless":    # the step as the state wraps it: counted for the boundary
                     optimizer.step()
                 else:                           # the DistributedOptimizer's own step, as a job without a state
                     type(optimizer).step(optimizer)

@@ -193,6 +193,122 @@ def test_lossless_host_check_acts_once_per_notice_and_holds_it_for_the_boundary(
     assert raised.value.skip_sync is True
 
 
+def _driver_with_world(size, boundaries):
+    """An ElasticDriver whose world is `size` fake workers, each wired to a StepBoundary as its reader thread
+    would be: the driver's hosts_updated/stop_at reach the boundary, its at_step reaches the driver."""
+    import types
+
+    from ringtrain.launch.elastic_driver import ElasticDriver
+    from ringtrain.launch.elastic_workers import Worker
+    from ringtrain.world.elastic_boundary import StepBoundary
+    driver = ElasticDriver(["true"], {}, "mpiexec", size)
+    process = types.SimpleNamespace(poll=lambda: None)
+    driver.world = [Worker(f"localhost[{r}]#{r}", "localhost", r, process, 0.0) for r in range(size + 1)]
+    newcomer = driver.world.pop()
+    driver.workers = driver.world + [newcomer]
+    driver.generation = 1
+    for rank, worker in enumerate(driver.world):
+        worker.rank, worker.generation = rank, 1
+
+        def send(op, worker=worker, **fields):
+            driver._on_message(worker, dict(op=op, **fields))
+        boundaries.append(StepBoundary(send, worker.id, timeout_s=5))
+        boundaries[-1].new_world(1)
+
+    def deliver(worker, op, **fields):
+        boundary = boundaries[worker.rank]
+        if op == "hosts_updated":
+            boundary.heard(fields["seq"], fields["generation"])
+        elif op == "stop_at":
+            boundary.answer(fields["generation"], fields["steps"], fields["seq"], fields["added"], fields["removed"])
+    driver._send = deliver
+    return driver, newcomer
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_driver_picks_one_stop_step_for_every_rank_without_a_collective(seed):
+    """3 ranks step in lockstep (a barrier stands for each step's collective, so they differ by at most one
+    step); the driver announces a newcomer at a random moment and answers a random while later. Every rank gets the
+    decision after the same step, max(reported) + 1, none passes it, and nobody waits forever."""
+    import threading
+    import time
+    rng = random.Random(seed)
+    boundaries = []
+    driver, newcomer = _driver_with_world(3, boundaries)
+    collective = threading.Barrier(3, timeout=10)
+    decided = {}
+
+    def rank(r):
+        for _ in range(60):
+            collective.wait()
+            time.sleep(rng.uniform(0, 0.002))
+            decision = boundaries[r].step_done()
+            if decision is not None:
+                decided[r] = (boundaries[r].steps, decision)
+                return
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(rng.uniform(0.005, 0.03))
+        driver._announce(newcomer)                          # hosts_updated: every rank reports at once
+        reports = dict(driver.news["reports"])
+        assert len(reports) == 3 and max(reports.values()) - min(reports.values()) <= 1
+        time.sleep(rng.uniform(0, 0.03))                     # ranks that reached report + 1 wait here
+        assert all(b.steps <= reports[w] + 1 for b, w in zip(boundaries, driver.world))
+        driver._answer_news()
+        for t in threads:
+            t.join(10)
+        stop = max(reports.values()) + 1
+        assert decided == {r: (stop, (driver.news["seq"], True, False)) for r in range(3)}
+        driver._tell_world(added=False, removed=True)       # later news waits for the next world
+        assert driver.news["added"] and driver.news["answered"]
+    finally:
+        driver.channel.close()
+
+
+def test_a_world_stopped_for_removed_workers_only_takes_in_no_newcomer():
+    """Its members skip the sync (HostsUpdatedInterrupt(skip_sync=True)): a newcomer that became ready after the
+    news waits for the next world, where it is announced; one stopped for added workers takes it in."""
+    for added, joins in ((False, False), (True, True)):
+        driver, newcomer = _driver_with_world(2, [])
+        try:
+            driver._tell_world(added=added, removed=not added)
+            for worker in driver.workers:
+                worker.ready_at = 1.0
+            planned = []
+            driver._form = lambda members, now: planned.extend(members)
+            driver._maybe_form(2.0)
+            assert (newcomer in planned) is joins and planned[:2] == driver.world
+        finally:
+            driver.channel.close()
+
+
+def test_a_step_boundary_wait_ends_when_the_world_fails_and_old_news_is_ignored():
+    from ringtrain.world.elastic_boundary import StepBoundary
+    import threading
+    sent = []
+    boundary = StepBoundary(lambda op, **fields: sent.append((op, fields)), "w#1", timeout_s=5)
+    boundary.heard(1, 2)                                     # about world 2, still forming here: 0 steps
+    boundary.new_world(2)
+    assert sent == [("at_step", {"seq": 1, "generation": 2, "steps": 0})]
+    boundary.heard(0, 1)                                     # about world 1, already left: no report
+    assert len(sent) == 1
+    done = []
+    waiter = threading.Thread(target=lambda: done.append(boundary.step_done()))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive()                                 # step 1 waits for the driver's answer
+    boundary.broken(2)                                       # a death in world 2
+    waiter.join(5)
+    assert done == [None]
+    quick = StepBoundary(lambda op, **fields: None, "w#2", timeout_s=0.1)
+    quick.new_world(1)
+    quick.heard(3, 1)
+    with pytest.raises(ElasticError, match=r"w#2: the elastic driver did not say within 0.1 s at which step world 1"):
+        quick.step_done()
+
+
 def test_torch_state_counts_each_optimizer_step_once():
     """The lossless source is chosen by steps completed: one per step(), also after load_state_dict (which makes
     torch's own step hooks run twice per step on a DistributedOptimizer)."""

@@ -9,20 +9,18 @@ alike on every rank. So once the next world has formed, the survivors compare ho
 (`source_rank`, one allgather), and everyone takes the state of the lowest rank that completed the most; the
 sampler's record travels with it, so the samples of the step that did not complete anywhere are dealt again.
 
-HostCheck: agreeing, at step boundaries, that the driver reported workers added or removed. After each step every
-rank allgathers what it has heard (3 integers); the next boundary (where a step begins, or a commit) raises
-HostsUpdatedInterrupt on every rank alike. A collective error met there is held for that boundary too, so a step
-that completed is never reported as failed.
+HostCheck: stopping, at a step boundary, for workers the driver reported added or removed. No collective per step:
+the driver picks the step (world/elastic_boundary.py: each rank reports how far it got when it hears the news, the
+driver answers "after step max + 1"), and after that step every rank holds HostsUpdatedInterrupt for the next
+boundary (where a step begins, or a commit), on every rank alike. A collective error met after a step's update is
+held for that boundary too, so a step that completed is never reported as failed.
 """
-import numpy as np
-
 from ..core import collectives
 from ..core import state as core_state
-from ..errors import ElasticError, HorovodInternalError, HostsUpdatedInterrupt
+from ..errors import ElasticError, HostsUpdatedInterrupt
 from ..world import elastic_worker as worker
 
 PROGRESS_NAME = "ringtrain.elastic.progress"
-HOST_CHECK_NAME = "ringtrain.elastic.host_check"
 
 
 def source_rank(progress):
@@ -62,15 +60,14 @@ class HostCheck:
         self._held = None
 
     def step_done(self):
-        """After an optimizer step: agree on what the ranks heard (one small allreduce). Never raises (the step is
-        done; its record must follow it): what it decides, or the collective error it met, waits for boundary()."""
-        if not worker.enabled() or not core_state.is_initialized() or self._held is not None:
+        """After an optimizer step: count it for the driver's choice of boundary (no collective). Never raises a
+        collective error (the step is done; its record must follow it): what the driver decided waits for
+        boundary()."""
+        if not worker.enabled() or not core_state.is_initialized():
             return
-        try:
-            heard = collectives.allgather(np.array([heard_updates()], dtype=np.int64), name=HOST_CHECK_NAME)
-            self.decide(heard.max(axis=0))
-        except HorovodInternalError as error:
-            self._held = error
+        decision = worker.client().boundary.step_done()
+        if decision is not None and self._held is None:
+            self.decide(decision)
 
     def hold(self, error):
         if self._held is None:

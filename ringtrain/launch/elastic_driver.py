@@ -12,8 +12,12 @@ This class decides: who is in which world, and what a death, a new worker or a r
 A worker's connection closing (or its mpiexec ending) is how a death is seen, within milliseconds: the driver tells
 the rest of that world at once (`peer_failed`, which ends their waits), blacklists the host, and forms the next world
 when every survivor has asked for one. New workers (free slots, up to --max-np) are started as discovery offers
-slots; once ready they are announced to the running world (`hosts_updated`), whose next step boundary (or commit)
-raises HostsUpdatedInterrupt, and they join the next world. A slot that leaves the discovery script's list takes
+slots; once ready they are announced to the running world (`hosts_updated`), which stops at a step boundary (or a
+commit) with HostsUpdatedInterrupt, and they join the next world. The driver picks that step: each member answers the
+news with the steps it completed (`at_step`), and once all have, every member hears `stop_at` max + 1
+(ringtrain/world/elastic_boundary.py) -- no collective per step. One such round per world: news that comes after it
+waits for the next world (a newcomer is announced to it), and a world stopped for removed workers only (its
+members skip the sync) takes in no newcomer. A slot that leaves the discovery script's list takes
 its worker with it: outside the world at once, inside it at the world's next step boundary (`hosts_updated` with
 removed=True; the next world is formed without it and it is told to `leave`, and exits 0).
 
@@ -78,6 +82,7 @@ class ElasticDriver:
         self.below_min_since = None
         self.update_seq = 0
         self.announced = set()          # newcomers already announced to the current world
+        self.news = None                # the current world's round: {generation, seq, added, removed, reports, answered}
         self.channel = DriverChannel()
         self.processes = WorkerProcesses(command, env, mpiexec, self.channel.port)
 
@@ -94,6 +99,7 @@ class ElasticDriver:
                 self._discover(now)
                 self._poll(0.02)
                 self._reap()
+                self._answer_news()
                 if self.finishing:
                     if all(w.gone for w in self.workers):
                         return self._final_status()
@@ -138,11 +144,7 @@ class ElasticDriver:
         if in_world:
             _say(f"host slot(s) removed: {', '.join(w.label() for w in in_world)} leave world {self.generation} "
                  f"at its next step boundary")
-            self.update_seq += 1
-            for member in self.world:
-                if not member.gone:
-                    self._send(member, "hosts_updated", seq=self.update_seq, generation=self.generation,
-                               added=False, removed=True)
+            self._tell_world(added=False, removed=True)
 
     def _capacity(self):
         """How many workers the job wants alive now."""
@@ -202,6 +204,8 @@ class ElasticDriver:
             self._connect_next()
         elif op == "joined" and self.forming is not None:
             self._connect_next()
+        elif op == "at_step" and self.news is not None and message["seq"] == self.news["seq"]:
+            self.news["reports"][worker] = message["steps"]
         elif op == "form_failed" and self.abandoned != self.generation and (self.forming or worker in self.world):
             self._abandon_formation(None, f"worker {worker.label()} could not form it ({message['reason']})")
 
@@ -210,11 +214,34 @@ class ElasticDriver:
         if newcomer in self.announced:
             return
         self.announced.add(newcomer)
-        self.update_seq += 1
         _say(f"worker {newcomer.label()} is ready to join world {self.generation}")
+        self._tell_world(added=True, removed=False)
+
+    def _tell_world(self, added, removed):
+        """Open the current world's round (see the module doc), unless it has one already."""
+        if self.news is not None and self.news["generation"] == self.generation:
+            return
+        self.update_seq += 1
+        self.news = {"generation": self.generation, "seq": self.update_seq, "added": added, "removed": removed,
+                     "reports": {}, "answered": False}
         for member in self.world:
-            self._send(member, "hosts_updated", seq=self.update_seq, generation=self.generation, added=True,
-                       removed=False)
+            if not member.gone:
+                self._send(member, "hosts_updated", seq=self.update_seq, generation=self.generation, added=added,
+                           removed=removed)
+
+    def _answer_news(self):
+        """Once every member of the world reported its steps (or is gone), tell them all the step to stop after."""
+        news = self.news
+        if news is None or news["answered"] or news["generation"] != self.generation or self.forming is not None:
+            return
+        if any(not w.gone and w not in news["reports"] for w in self.world):
+            return
+        news["answered"] = True
+        steps = max(news["reports"].values(), default=0) + 1
+        for member in self.world:
+            if not member.gone:
+                self._send(member, "stop_at", seq=news["seq"], generation=self.generation, steps=steps,
+                           added=news["added"], removed=news["removed"])
 
     def _reap(self):
         for worker in self.workers:
@@ -279,6 +306,8 @@ class ElasticDriver:
             return                                  # the first world waits for every worker started for it
         newcomers = [w for w in self.workers
                      if not w.gone and not w.removed and w.ready_at is not None and w not in members]
+        if self.news is not None and not self.news["added"] and self.failed_at is None:
+            newcomers = []          # the world stopped for removed workers only: its members will not sync
         for worker in [w for w in members if w.removed]:
             self._send(worker, "leave", reason=f"its slot {worker.label()} is no longer in the host list")
             worker.status, worker.generation, worker.rank = "left: its host was removed", None, None
@@ -367,6 +396,7 @@ class ElasticDriver:
     def _formed(self):
         self.world = self.forming["members"]
         self.forming = None
+        self.news = None
         for worker in self.world:
             worker.held_state = True    # it synced this world's state (or will: a death in sync is handled there)
         for worker in self.workers:       # anyone who became ready meanwhile is news for the new world

@@ -8,6 +8,8 @@ worker -> driver   {"op": "hello", "worker": id, "pid": pid}     first line
                    {"op": "port", "port": name, "generation": g}   the new world's rank 0 opened this MPI port
                    {"op": "joined", "generation": g}               this worker connected and merged
                    {"op": "form_failed", "generation": g, "reason": text}    its MPI formation call failed
+                   {"op": "at_step", "seq": k, "generation": g, "steps": c}    heard hosts_updated k having
+                                                                   completed c steps of world g (elastic_boundary)
                    {"op": "exiting"}                               a normal interpreter exit (atexit)
 driver -> worker   {"op": "world", "rank": r, "size": n, "generation": g}    your place in the next world
                    {"op": "leave", "reason": text}                 instead of a world: your slot left the host list
@@ -18,6 +20,8 @@ driver -> worker   {"op": "world", "rank": r, "size": n, "generation": g}    you
                    {"op": "peer_failed", "generation": g, "reason": text}    end your waits on world g
                    {"op": "hosts_updated", "seq": k, "generation": g, "added": bool,
                                                                     "removed": bool}    (about world g)
+                   {"op": "stop_at", "seq": k, "generation": g, "steps": T, "added": bool,
+                                                                    "removed": bool}    stop world g after step T
 
 Environment the driver gives each worker: DRIVER_VARIABLE (host:port), WORKER_VARIABLE (its id), HOST_VARIABLE and
 SLOT_VARIABLE (its slot on that host: which GPU it binds, the same in every world).

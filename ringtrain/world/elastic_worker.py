@@ -4,8 +4,10 @@
 
 One connection per process, kept across worlds. A reader thread takes the driver's notifications as they come:
 `peer_failed` ends every wait of the current world at once (watchdog.abort_all: the engines fail on their own
-threads, so the training thread sees RankFailureError -- hvd.elastic.run rolls back and re-forms); `hosts_updated` is queued
-for the next State.check_host_updates(). Replies the rendezvous waits for go to a queue.
+threads, so the training thread sees RankFailureError -- hvd.elastic.run rolls back and re-forms); `hosts_updated` is
+answered at once with the steps completed (elastic_boundary.py: the driver picks the step the world stops at) and
+queued for the next State.check_host_updates(); `stop_at` is that step. Replies the rendezvous waits for go to a
+queue.
 
 Forming a world of n (the driver's plan, ranks in the order it chose): rank 0 opens an MPI port and tells the driver;
 the driver tells one joiner at a time to Connect (MPICH crashed here with several Connects pending at once), and
@@ -44,6 +46,7 @@ import traceback
 from ..errors import RankFailureError
 from ..engine.watchdog import abort_all
 from ..errors import ElasticError
+from .elastic_boundary import StepBoundary
 from .elastic_protocol import (CONNECT_TIMEOUT_VARIABLE, DRIVER_VARIABLE, LEAVE_TIMEOUT_VARIABLE, SLOT_VARIABLE,
                                WORKER_VARIABLE, LineReader, connect_timeout_s, encode, leave_timeout_s)
 
@@ -82,6 +85,7 @@ class DriverClient:
         self.leave_timeout_s = leave_timeout_s()
         self.connect_timeout_s = connect_timeout_s()
         self._send_lock = threading.Lock()
+        self.boundary = StepBoundary(self._send_quietly, worker_id, self.leave_timeout_s)
         self.send("hello", worker=worker_id, pid=os.getpid())
         threading.Thread(target=self._read, name="ringtrain-elastic-driver", daemon=True).start()
 
@@ -93,6 +97,13 @@ class DriverClient:
             raise ElasticError(f"worker {self.worker_id}: the elastic driver went away (the launcher ended or "
                                f"died): {error}") from None
 
+    def _send_quietly(self, op, **fields):
+        """From the reader thread: a driver gone is seen by its next recv."""
+        try:
+            self.send(op, **fields)
+        except ElasticError:
+            pass
+
     def _read(self):
         reader = LineReader()
         while True:
@@ -102,6 +113,7 @@ class DriverClient:
                 data = b""
             if not data:
                 self.closed = True
+                self.boundary.broken(None)
                 self.replies.put({"op": "closed"})
                 _abort_current_world("the elastic driver went away")
                 return
@@ -114,6 +126,7 @@ class DriverClient:
                     message = dict(message, reason=f"world {self.generation} was abandoned while it formed")
                 if op == "peer_failed":
                     self.failed_generations.add(message["generation"])
+                    self.boundary.broken(message["generation"])
                     if message["generation"] == self.generation:
                         _abort_current_world(message["reason"])
                     if message["generation"] == self.generation and self.in_world:
@@ -122,6 +135,10 @@ class DriverClient:
                 elif op == "hosts_updated":
                     self.host_updates.put((message["seq"], message["generation"], message["added"],
                                            message["removed"]))
+                    self.boundary.heard(message["seq"], message["generation"])
+                elif op == "stop_at":
+                    self.boundary.answer(message["generation"], message["steps"], message["seq"], message["added"],
+                                         message["removed"])
                 else:
                     self.replies.put(message)
 
@@ -202,6 +219,7 @@ def elastic_world(timeout_s):
         if ordered is not None:
             break
     driver.generation = generation
+    driver.boundary.new_world(generation)
     driver.in_world = True
     if generation in driver.failed_generations:     # a member died just as the world formed
         raise RankFailureError(f"worker {driver.worker_id}: a worker of world {generation} died while it formed")
