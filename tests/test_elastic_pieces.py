@@ -309,6 +309,27 @@ def test_a_step_boundary_wait_ends_when_the_world_fails_and_old_news_is_ignored(
         quick.step_done()
 
 
+def test_elastic_workers_never_get_libfabrics_sockets_provider():
+    """A user's FI_PROVIDER naming sockets is replaced by tcp for the workers, with a line saying why; other
+    choices (and an exclusion of sockets) are left alone; unset gets tcp."""
+    from ringtrain.launch.elastic_workers import WorkerProcesses
+    for given, kept in (("sockets", False), ("tcp;ofi_rxm,sockets", False), ("^sockets", True), ("verbs", True),
+                        (None, True)):
+        env = {} if given is None else {"FI_PROVIDER": given}
+        processes = WorkerProcesses(["true"], env, "mpiexec", 1)
+        assert (processes.notice is None) is kept, given
+        if not kept:
+            assert processes.env["FI_PROVIDER"] == "tcp", given
+            assert f"FI_PROVIDER={given} is replaced by FI_PROVIDER=tcp" in processes.notice
+        else:
+            assert processes.env.get("FI_PROVIDER") == given
+    launched = []
+    with mock.patch("subprocess.Popen", lambda cmd, env, **kw: launched.append(env)):
+        WorkerProcesses(["true"], {"FI_PROVIDER": "sockets"}, "mpiexec", 1).start("localhost", 0, 0.0)
+        WorkerProcesses(["true"], {}, "mpiexec", 1).start("localhost", 0, 0.0)
+    assert [env["FI_PROVIDER"] for env in launched] == ["tcp", "tcp"]
+
+
 def test_torch_state_counts_each_optimizer_step_once():
     """The lossless source is chosen by steps completed: one per step(), also after load_state_dict (which makes
     torch's own step hooks run twice per step on a DistributedOptimizer)."""

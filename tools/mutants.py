@@ -839,6 +839,11 @@ MUTANTS = [
            (Tests((ELASTIC_PIECES,), select="takes_in_no_newcomer"),),
            "a world stopped for removed workers only (its members skip the sync) takes in a newcomer that became "
            "ready meanwhile: the newcomer syncs alone and the world hangs"),
+    Mutant("elastic_workers_keep_the_users_sockets_provider", "ringtrain/launch/elastic_workers.py",
+           '            self.env["FI_PROVIDER"] = "tcp"\n', "",
+           (Tests((ELASTIC_PIECES,), select="sockets_provider"),),
+           "a user's FI_PROVIDER=sockets reaches the elastic workers: a 4-worker job trains to the end and its "
+           "workers never exit"),
     Mutant("elastic_broken_sync_leaves_a_source", "ringtrain/elastic/state.py",
            "        return -1 if self._handing_over else self.steps_completed()\n",
            "        return self.steps_completed()\n",

@@ -85,6 +85,8 @@ class ElasticDriver:
         self.news = None                # the current world's round: {generation, seq, added, removed, reports, answered}
         self.channel = DriverChannel()
         self.processes = WorkerProcesses(command, env, mpiexec, self.channel.port)
+        if self.processes.notice:
+            _say(self.processes.notice)
 
     @property
     def available(self):

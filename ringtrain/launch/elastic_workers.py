@@ -46,9 +46,25 @@ def is_local(host):
     return host in LOCAL_HOSTS or host.startswith("127.")
 
 
+def names_sockets(provider):
+    """Whether libfabric's FI_PROVIDER value lets it pick the sockets provider (a list of names, ';' layering
+    them; a leading '^' excludes the names)."""
+    names = [name.strip().lower() for part in provider.split(",") for name in part.split(";")]
+    return not provider.strip().startswith("^") and "sockets" in names
+
+
 class WorkerProcesses:
     def __init__(self, command, env, mpiexec, driver_port):
         self.command, self.env, self.mpiexec = list(command), dict(env), mpiexec
+        # libfabric's sockets provider, set by the user: its elastic workers abort on a dead peer's endpoint (as
+        # the default pick does) and, at 4 workers on one machine, trained to the end but never exited (measured
+        # here; 2 workers exited): the workers get the tcp provider instead, and the driver says so (`notice`)
+        self.notice = None
+        if names_sockets(self.env.get("FI_PROVIDER", "")):
+            self.notice = (f"FI_PROVIDER={self.env['FI_PROVIDER']} is replaced by FI_PROVIDER=tcp for the elastic "
+                           f"workers: with libfabric's sockets provider a worker that meets a dead peer's endpoint "
+                           f"is aborted by MPICH, and finished workers do not exit")
+            self.env["FI_PROVIDER"] = "tcp"
         self.driver_port = driver_port
         self.counter = 0
 
