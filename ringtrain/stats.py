@@ -56,6 +56,21 @@ class CommStats:
                 stats = self._ops[op_kind] = _OpStats(seed=len(self._ops))
             stats.add(nbytes, seconds)
 
+    def record_allreduce(self, nbytes, seconds):
+        """record("allreduce", nbytes, seconds) for an int and a float, add()'s common case inline: the express path
+        records every small allreduce, where each Python call is a visible share of the call's cost."""
+        with self._lock:
+            stats = self._ops.get("allreduce")
+            if stats is None:
+                stats = self._ops["allreduce"] = _OpStats(seed=len(self._ops))
+            if len(stats.samples) < RESERVOIR_SIZE:
+                stats.count += 1
+                stats.nbytes += nbytes
+                stats.seconds += seconds
+                stats.samples.append(seconds)
+            else:
+                stats.add(nbytes, seconds)
+
     def local(self):
         """{op_kind: {"count", "bytes", "seconds", "samples"}} of this rank: what summary() gathers."""
         with self._lock:

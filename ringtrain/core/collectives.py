@@ -10,7 +10,7 @@ import numpy as np
 from . import state
 from ..errors import RingtrainError, UnsupportedOperationError
 from ..engine.fusion import HOST_OPS, ops_for
-from ..engine.handle import Handle
+from ..engine.handle import DEFER_BYTES, Handle, HeldHandle
 from . import adasum
 from .group_handles import ListHandle, MixedGroupHandle
 from .names import auto_name
@@ -106,7 +106,18 @@ def allreduce_async(array, op=Average, name: "str | None" = None, prescale_facto
     if op.__class__ is not ReduceOp and is_adasum(op):
         return _adasum([array], None if out is None else [out], name, prescale_factor, postscale_factor,
                        process_set, False, True)
-    return _allreduce(array, op, name, prescale_factor, postscale_factor, out, False, process_set)
+    to = route(process_set)
+    op = op if op.__class__ is ReduceOp else as_op(op)
+    out = _allreduce_out(array, out)
+    name, meta, plan = _allreduce_plan(to, name, op, array, prescale_factor, postscale_factor)
+    if plan is not None and plan.nbytes <= DEFER_BYTES:
+        # a small recurring allreduce: held back (no request yet) for a prompt wait (Engine.hold)
+        engine = to.engine
+        held = HeldHandle(name, plan, array, out, engine)
+        if not engine.hold(held):
+            engine.submit(Request(name, meta, (array,), (out,), held, HOST_OPS, plan=plan))
+        return held
+    return _enqueue(to, name, meta, array, out, False, plan)
 
 
 def allreduce(array, op=Average, name: "str | None" = None, prescale_factor: float = 1.0,
@@ -163,14 +174,6 @@ def _allreduce_out(array, out):
     if out.shape != array.shape or out.dtype != array.dtype:
         raise ValueError(f"allreduce out has shape {out.shape} {out.dtype}, input {array.shape} {array.dtype}")
     return out
-
-
-def _allreduce(array, op, name, prescale_factor, postscale_factor, out, sync, process_set):
-    to = route(process_set)
-    op = op if op.__class__ is ReduceOp else as_op(op)
-    out = _allreduce_out(array, out)
-    name, meta, plan = _allreduce_plan(to, name, op, array, prescale_factor, postscale_factor)
-    return _enqueue(to, name, meta, array, out, sync, plan)
 
 
 def grouped_allreduce_async(arrays, op=Average, name: "str | None" = None, prescale_factor: float = 1.0,

@@ -50,8 +50,6 @@ from .watchdog import Watchdog
 
 log = logging.getLogger("ringtrain")
 
-DEFER_BYTES = 64 << 10         # an async allreduce up to this size, submitted while the engine is idle, waits for
-                               # its wait() to run it express (see submit)
 
 
 class Engine:
@@ -77,7 +75,8 @@ class Engine:
         self.memo = ExpressMemo()       # recurring synchronous allreduces' plans (express_memo.py; the callers')
         self._running = ()              # the requests of the collective being executed
         self.wake = threading.Event()
-        self.intake = Intake(self.rank, self.wake)     # the queue, the names in flight, a held-back request
+        self.intake = Intake(self.rank, self.wake)     # the queue, the names in flight, a held-back allreduce
+        self.intake.materialize = self._materialize
         self._state_lock = self.intake.lock
         self._progress_lock = threading.Lock()
         self.failed = None              # a fatal RingtrainError: every later call raises it
@@ -90,44 +89,51 @@ class Engine:
 
     # ------------------------------------------------------------------------------------------------ caller side
     def submit(self, request):
-        """Queue a request for the engine (an asynchronous collective: the background thread takes it up).
+        """Queue a request for the engine (an asynchronous collective: the background thread takes it up), after
+        the held-back allreduce, if any (submission order)."""
+        self._admit(request)
+        self.intake.flush()
+        self.intake.put(request)
 
-        A small async allreduce that the express path could run (express_eligible, one array up to DEFER_BYTES)
-        submitted while nothing else is in flight is *deferred* instead: it is held here, and the background
-        thread is not woken. A prompt wait() then runs it express on the caller's thread (one agreement cycle, no
-        thread hand-off: what a synchronous call costs). Anything else hands it to the engine first, in submission
-        order: another submission or call on this engine, a poll() of its handle, any engine pass (a peer's
-        cycle included), or else the background thread's next look, within driving.IDLE_SLEEP_S."""
+    def hold(self, held):
+        """A small async allreduce with an ExpressPlan (up to handle.DEFER_BYTES), submitted while nothing else is in flight
+        here, is *held back*: no request is made and the background thread is not woken; its HeldHandle records the
+        call. A prompt wait() then runs it express on the caller's thread (run_held: one agreement cycle, no thread
+        hand-off, what a synchronous call costs). Anything else hands it to the engine first as an ordinary request,
+        in submission order: another submission or call on this engine, a poll() of its handle, any engine pass (a
+        peer's cycle included), or else the background thread's next look, within driving.IDLE_SLEEP_S.
+        True when held (its name is in flight from now on; a name already in flight raises); False when the engine
+        is not idle and the caller submits it as a request."""
+        with self._state_lock:
+            if self.failed is not None:
+                raise self.failed
+            if self.shutdown_requested:
+                raise ShutdownError("ringtrain is shutting down; no new collectives")
+            # idle: nothing in flight here and no caller driving
+            return self.intake.hold(held, not self.requests and self.join_handle is None and not self.driver.count)
+
+    def run_held(self, held):
+        """wait() on a HeldHandle: run it express on this thread when it is still held. Its handle has its result
+        when that finished it; otherwise it is an ordinary request now (or was already) and the caller drives on."""
         intake = self.intake
-        plan = request.plan         # a plan's request is one express-eligible array with its out
-        if (plan.nbytes <= DEFER_BYTES if plan is not None else
-                express_eligible(request.meta) and len(request.arrays) == 1 and request.outs[0] is not None
-                and request.arrays[0].nbytes <= DEFER_BYTES and not request.grouped):
-            if self._admit(request, hold=True):
-                request.handle._start = intake.flush
-                return
-        else:
-            self._admit(request)
-        intake.flush()
-        intake.put(request)
-
-    def _idle(self):
-        """State lock held: nothing in flight here and no caller driving (see submit)."""
-        return not self.requests and self.join_handle is None and not self.driver.count
-
-    def _run_deferred(self, request):
-        """wait() on the deferred request: run it express on this thread. True when it is done (its handle has its
-        result); False when it went to the engine instead (the caller drives on as for any request)."""
-        if not self.intake.claim(request):
-            return False
-        outcome = self.express(request.name, request.meta, request.arrays[0], request.outs[0], request, request.plan)
+        if not intake.claim(held):
+            return
+        name = held.names[0]
+        outcome = self.express(name, held.plan.meta, held.array, held.out, held, held.plan)
         if outcome is True:
-            self.intake.release(request.name)
-            request.handle._set_result(request.outs[0])     # (a held-back request is one array, never grouped)
-            return True
-        if outcome is None:                # express did not apply: an ordinary request after all
-            self.intake.queue.put(request)
-        return False
+            intake.names.discard(name)      # (one atomic set operation: no lock needed to drop our own name)
+            held._result = held.out
+            held._finish()
+        elif outcome is None:               # express did not apply: an ordinary request after all
+            intake.put(self._materialize(held))
+
+    def _materialize(self, held):
+        """The Request of a held-back allreduce handed to the engine (its name is in flight already), with its
+        flight-recorder entry."""
+        plan = held.plan
+        request = Request(held.names[0], plan.meta, (held.array,), (held.out,), held, HOST_OPS, plan=plan)
+        self.recorder.begin(request.name, plan.meta, held.times["submitted"], held)
+        return request
 
     def run(self, request):
         """A synchronous collective: the caller drives the engine until `request` is done. When no one else is
@@ -137,18 +143,15 @@ class Engine:
         self.intake.flush()
         self.driver.until(request.handle.done, None, first=request)
 
-    def _admit(self, request, hold=False):
-        """The request is this rank's in flight from now on (a name already in flight raises). hold: and held
-        back for a prompt wait when the engine is idle (see submit), in the same critical section: True if so."""
+    def _admit(self, request):
+        """The request is this rank's in flight from now on (a name already in flight raises)."""
         with self._state_lock:
             if self.failed is not None:
                 raise self.failed
             if self.shutdown_requested:
                 raise ShutdownError("ringtrain is shutting down; no new collectives")
-            intake = self.intake
-            intake.admit(request.name)
+            self.intake.admit(request.name)
             self.recorder.begin(request.name, request.meta, request.handle.times["submitted"], request.handle)
-            return hold and intake.hold(request, self._idle)
 
     def await_names_free(self, name):
         """Drive the engine until no collective named `name` (or `name`.<part>) is in flight on this rank: the
@@ -203,9 +206,6 @@ class Engine:
 
     def drive(self, handle, deadline=None):
         """Progress the engine on the caller's thread until `handle` is done (or the deadline passes)."""
-        deferred = self.intake.deferred
-        if deferred is not None and deferred.handle is handle and self._run_deferred(deferred):
-            return
         self.driver.until(handle.done, deadline)
 
     # ------------------------------------------------------------------------------------------------ one pass
@@ -236,14 +236,14 @@ class Engine:
             raise e
 
     # ------------------------------------------------------------------------------------------------ express
-    def express(self, name, meta, array, out, request=None, plan=None):
+    def express(self, name, meta, array, out, held=None, plan=None):
         """A synchronous allreduce of one host array (or the Segments of a grouped one), tried in one agreement
         cycle on the caller's thread with no request, handle or queue (agreement.CycleAgreement.express), then
         reduced from the cycle's slots or, too large for them, on the transport right here: True when `out` holds
         the result; a Handle
         when the cycle decided otherwise and the collective continues on the general path; None when it does not
         apply (something else in flight, a first sighting, a timeline being written) and nothing was done.
-        `request`: the deferred async request this is (see submit), which becomes the ordinary request if need be.
+        `held`: the held-back async allreduce this is (see hold), whose handle the request gets if need be.
         `plan`: the call's ExpressPlan (express_memo.py; made only for express-eligible calls)."""
         if self.intake.deferred is not None:
             self.intake.flush()
@@ -260,9 +260,8 @@ class Engine:
                     or not self.intake.queue.empty()):
                 return None
             start = time.perf_counter()
-            # the flight recorder's entry (a deferred request has had one since its submission)
-            entry = self.recorder.begin(name, meta, start) if request is None else None
-            make_request = self._express_request if request is None else partial(self._adopt, request)
+            entry = self.recorder.begin(name, meta, start if held is None else held.times["submitted"])
+            make_request = self._express_request if held is None else partial(self._express_request, held=held)
             outcome = self.agreement.express(name, meta, array, out, make_request, plan)
             if outcome is None:
                 self.recorder.retract(entry)
@@ -271,7 +270,7 @@ class Engine:
                 if outcome is not True:             # True: the native cycle reduced it already (native_cycle.py)
                     self.executor.express(outcome, array, out)
                 end = time.perf_counter()
-                self.executor.stats.record("allreduce", array.nbytes, end - start)
+                self.executor.stats.record_allreduce(array.nbytes, end - start)
                 if entry is not None:
                     entry[FINISHED] = end
                 return True
@@ -290,22 +289,19 @@ class Engine:
         finally:
             lock.release()
 
-    def _adopt(self, request, name, meta, array, out):
-        """make_request (with `request` bound) for a deferred request: it becomes the engine's as it is (progress
-        lock held)."""
-        request.handle.times["queued"] = request.handle.times["submitted"]
-        self.requests[name] = request
-        return request
-
-    def _express_request(self, name, meta, array, out):
-        """The request an express allreduce becomes when its cycle did not finish it (progress lock held)."""
-        with self._state_lock:
-            self.intake.names.add(name)
-        if isinstance(array, Segments):    # a grouped allreduce: the general path packs its arrays
+    def _express_request(self, name, meta, array, out, held=None):
+        """The request an express allreduce becomes when its cycle did not finish it (progress lock held). held: the
+        HeldHandle it was (its name is in flight already): the request's handle."""
+        if held is not None:
+            request = Request(name, meta, (array,), (out,), held, HOST_OPS, plan=held.plan)
+        elif isinstance(array, Segments):    # a grouped allreduce: the general path packs its arrays
             request = Request(name, meta, tuple(array.given), tuple(out.given), Handle((name,), self.drive),
                               HOST_OPS, grouped=True)
         else:
             request = Request(name, meta, (array,), (out,), Handle((name,), self.drive), HOST_OPS)
+        if held is None:
+            with self._state_lock:
+                self.intake.names.add(name)
         request.handle.times["queued"] = request.handle.times["submitted"]
         self.requests[name] = request
         return request

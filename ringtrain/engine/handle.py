@@ -6,8 +6,12 @@ busy with this rank's other collectives, wait() blocks in short slices so Ctrl-C
 """
 import threading
 import time
+from time import perf_counter as perf
 
 from .flight_recorder import finish_record
+
+DEFER_BYTES = 64 << 10         # an async allreduce up to this size, submitted while the engine is idle, is held
+                               # back for its wait() to run it express (Engine.hold, HeldHandle)
 
 
 class Handle:
@@ -84,3 +88,29 @@ class Handle:
     def __repr__(self):
         state = "done" if self._done else "pending"
         return f"<Handle {self.names[0] if len(self.names) == 1 else list(self.names[:2])} {state}>"
+
+
+class HeldHandle(Handle):
+    """The handle of a small asynchronous allreduce that the engine holds back for a prompt wait (Engine.hold):
+    no request exists yet, only this record of the call (its ExpressPlan, array and out). wait() first lets the
+    engine run it express on the caller's thread (Engine.run_held); if it was handed to the engine meanwhile (another
+    call, a poll, an engine pass), it is an ordinary request's handle by then, and wait() drives as for any."""
+    __slots__ = ("plan", "array", "out", "_run")
+
+    def __init__(self, name, plan, array, out, engine):
+        # Handle.__init__'s fields, set here (one frame less on a path that costs microseconds)
+        self.names, self._done, self._event, self._result, self._error = (name,), False, None, None, None
+        self._done_event, self._driver, self.times, self.record = None, engine.drive, {"submitted": perf()}, None
+        self._start = engine.intake.flush        # polled, not waited for: it starts now
+        self.plan, self.array, self.out = plan, array, out
+        self._run = engine.run_held
+
+    def wait(self, timeout=None):
+        if not self._done:
+            self._run(self)
+            if not self._done:              # an ordinary request now: drive or block as any handle does
+                return Handle.wait(self, timeout)
+        error = self._error
+        if error is not None:
+            raise error
+        return self._result                 # (a host array: no device event to wait for)

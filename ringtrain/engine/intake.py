@@ -17,7 +17,8 @@ class Intake:
         self.queue = queue.SimpleQueue()
         self.lock = threading.Lock()
         self.names = set()              # names queued or in flight (lock): duplicate detection
-        self.deferred = None            # an async request not handed to the engine yet (lock)
+        self.deferred = None            # a HeldHandle: an async allreduce not handed to the engine yet (lock)
+        self.materialize = None         # HeldHandle -> its Request, when it is handed to the engine (the engine's)
 
     def put(self, item):
         """Queue a request (or a ("join" | "shutdown", handle) control item) and wake the engine thread."""
@@ -43,27 +44,34 @@ class Intake:
         with self.lock:
             return any(n == name or n.startswith(dotted) for n in self.names)
 
-    def hold(self, request, idle):
-        """Lock held (the engine admits and holds in one critical section): hold `request` back instead of queueing
-        it when nothing else is held or queued and idle() says the engine has nothing in flight. True when held."""
-        if self.deferred is None and self.queue.empty() and idle():
-            self.deferred = request
+    def hold(self, held, idle):
+        """Lock held (the engine checks its state, admits and holds in one critical section): hold `held` (a
+        HeldHandle) back instead of queueing a request when nothing else is held or queued and the engine is `idle`
+        (nothing in flight). True when held (its name is then in flight); False: nothing was done."""
+        if idle and self.deferred is None and self.queue.empty():
+            name = held.names[0]
+            if name in self.names:
+                self.admit(name)        # (raises)
+            self.names.add(name)
+            self.deferred = held
             return True
         return False
 
     def flush(self):
-        """Hand the deferred request (if any) to the engine's queue."""
+        """Hand the held-back allreduce (if any) to the engine's queue, as an ordinary request."""
         if self.deferred is None:
             return
         with self.lock:
             request, self.deferred = self.deferred, None
+            if request is not None:
+                request = self.materialize(request)
         if request is not None:
             self.put(request)
 
-    def claim(self, request):
-        """The caller runs the deferred `request` itself: True when it was still held (and is no longer)."""
+    def claim(self, held):
+        """The caller runs the held-back `held` itself: True when it was still held (and is no longer)."""
         with self.lock:
-            if self.deferred is not request:
+            if self.deferred is not held:
                 return False
             self.deferred = None
         return True

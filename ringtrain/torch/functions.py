@@ -132,14 +132,15 @@ def contiguous(tensor):
 
 
 class TensorHandle:
-    """Wraps the core Handle: wait() converts the arrays it returns back into torch tensors."""
+    """Wraps the core Handle: wait() converts the arrays it returns back into torch tensors (finish), or returns
+    `result` when there is nothing to convert (finish None: an in-place call on a contiguous tensor)."""
     __slots__ = ("handle", "_finish", "_done", "_result")
 
-    def __init__(self, handle, finish):
+    def __init__(self, handle, finish, result=None):
         self.handle = handle
         self._finish = finish
         self._done = False
-        self._result = None
+        self._result = result
 
     @property
     def times(self):
@@ -150,7 +151,11 @@ class TensorHandle:
 
     def wait(self, timeout=None):
         if not self._done:
-            self._result = self._finish(self.handle.wait(timeout))
+            finish = self._finish
+            if finish is None:
+                self.handle.wait(timeout)
+            else:
+                self._result = finish(self.handle.wait(timeout))
             self._done = True
         return self._result
 
@@ -160,6 +165,8 @@ class TensorHandle:
 
 def synchronize(handle: "TensorHandle | SparseHandle"):
     """Block until an async collective finishes; return its result as torch tensor(s)."""
+    if handle.__class__ is TensorHandle:
+        return handle.wait()
     if not hasattr(handle, "wait") and callable(handle):
         return handle()
     return handle.wait()
@@ -181,7 +188,9 @@ def allreduce_async(tensor: torch.Tensor, average=None, name: "str | None" = Non
     array = to_array(contiguous(tensor))
     handle = collectives.allreduce_async(array, op=op, name=name, prescale_factor=prescale_factor,
                                    postscale_factor=postscale_factor, process_set=process_set)
-    return TensorHandle(handle, from_array)
+    # a host result of a dtype numpy has is a fresh writable array: torch.from_numpy is all from_array would do
+    return TensorHandle(handle, torch.from_numpy if array.__class__ is np.ndarray and
+                        tensor.dtype is not torch.bfloat16 else from_array)
 
 
 def allreduce_sync(tensor: torch.Tensor, average=None, name: "str | None" = None, op=None,
@@ -212,6 +221,8 @@ def allreduce_async_(tensor: torch.Tensor, average=None, name: "str | None" = No
     op, work, array = _in_place(tensor, average, op)
     handle = collectives.allreduce_async(array, op=op, name=name, prescale_factor=prescale_factor,
                                    postscale_factor=postscale_factor, out=array, process_set=process_set)
+    if work is tensor:          # the result is in `tensor` already
+        return TensorHandle(handle, None, tensor)
     return TensorHandle(handle, lambda _result: copy_back(tensor, work))
 
 

@@ -183,6 +183,32 @@ def test_an_async_call_that_is_polled_or_never_waited_for_still_runs():
             assert took < 0.3, f"rank {rt.rank()} waited {took:.2f}s for rank 0's unwaited async allreduce"
 
 
+def test_a_name_in_flight_is_refused_until_its_async_call_is_waited_for():
+    """A recurring small async allreduce is held back for its wait (no request yet): its name is in flight all the
+    same -- a second async or synchronous call under it raises on every rank -- and free again after the wait; an
+    in-place async call writes its tensor, an out-of-place one returns a new tensor and leaves its input."""
+    rt.barrier()
+    size = rt.size()
+    x = np.full(4, 1.0 + rt.rank())
+    want = np.full(4, size + size * (size - 1) / 2)
+    np.testing.assert_array_equal(rt.allreduce(x, op=rt.Sum, name="forms.dup"), want)     # its plan exists now
+    for step in range(4):
+        handle = rt.allreduce_async(x, op=rt.Sum, name="forms.dup")
+        with pytest.raises(ValueError, match=f"'forms.dup' is already in flight on rank {rt.rank()}"):
+            rt.allreduce_async(x, op=rt.Sum, name="forms.dup")
+        if step % 2:
+            with pytest.raises(ValueError, match="already in flight"):
+                rt.allreduce(x, op=rt.Sum, name="forms.dup")
+        np.testing.assert_array_equal(handle.wait(), want, err_msg=f"rank {rt.rank()} step {step}")
+        np.testing.assert_array_equal(x, np.full(4, 1.0 + rt.rank()))
+    t = torch.full((4,), 1.0 + rt.rank())
+    for step in range(3):
+        t.fill_(1.0 + rt.rank())
+        handle = hvd.allreduce_async_(t, op=hvd.Sum, name="forms.dup_")
+        assert hvd.synchronize(handle) is t
+        np.testing.assert_array_equal(t.numpy(), want.astype(np.float32), err_msg=f"in place, step {step}")
+
+
 def test_a_mismatch_in_an_unnamed_call_is_the_usual_clear_error():
     rt.barrier()
     odd = rt.size() - 1
