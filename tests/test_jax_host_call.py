@@ -147,3 +147,24 @@ def test_in_place_results_never_overwrite_an_input_still_in_use(lowering):
     np.testing.assert_array_equal(np.asarray(y), np.ones(3))          # a jit argument is not donated: untouched
     if lowering == "ffi":                 # the intermediate a * 1 is dead after the call: its buffer is reused
         assert shared_buffers[-1][0], shared_buffers
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "uint32", "complex64", "bool", "float64"])
+def test_results_handed_to_jax_are_what_jnp_asarray_makes(dtype):
+    """arrays.to_jax (XLA's client, directly) gives the array jnp.asarray would -- dtype (float64 canonicalised
+    without x64), shape, weak type, placement, values -- and adopts an aligned buffer without a copy."""
+    from ringtrain.jax import arrays
+    for shape in ((), (0,), (3,), (1024,), (17, 5)):
+        a = arrays.result_empty(shape, np.dtype(jnp.dtype(dtype)))
+        a[...] = (np.arange(a.size) % 7).reshape(shape)
+        y, want = arrays.to_jax(a), jnp.asarray(a)
+        assert (y.dtype, y.shape, y.weak_type, y.committed, y.sharding) == \
+               (want.dtype, want.shape, want.weak_type, want.committed, want.sharding), (dtype, shape)
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(want))
+        np.testing.assert_array_equal(np.asarray(jax.jit(lambda t: t + t)(y)), np.asarray(want + want))
+        if a.size and y.dtype == a.dtype:
+            assert y.unsafe_buffer_pointer() == a.ctypes.data, (dtype, shape)
+    unaligned = np.arange(9, dtype=np.float32)[1:]
+    y = arrays.to_jax(unaligned)
+    unaligned[:] = -1                                       # a copy: the caller's later writes do not show
+    np.testing.assert_array_equal(np.asarray(y), np.arange(1, 9, dtype=np.float32))

@@ -102,3 +102,21 @@ def test_results_from_the_aligned_size_up_start_on_a_cache_line(nbytes):
     assert address(again) % 64 == 0
     if nbytes >= SMALL_LIMIT * 4:
         assert address(again) == where, "a dropped kept block is handed out again"
+
+
+def test_slab_arrays_are_aligned_and_never_share_bytes():
+    """Small eager results for TF and JAX are cut from shared blocks: each aligned, each its own bytes (written
+    with its own value, every earlier one still holds its value), blocks kept alive by the arrays cut from them."""
+    from ringtrain.aligned import Slab
+    slab = Slab(64, block_bytes=4096)
+    kinds = [((3,), np.float32), ((), np.float64), ((0,), np.int8), ((5, 7), np.int16), ((16,), np.float32),
+             ((256,), np.float32), ((1024,), np.uint8), ((300,), np.float64)]       # the last: past a quarter block
+    held = []
+    for i, (shape, dtype) in enumerate(kinds * 20):
+        a = slab.empty(shape, dtype)
+        assert a.shape == shape and a.dtype == dtype and a.flags.c_contiguous and a.flags.writeable
+        assert address(a) % 64 == 0, (shape, dtype)
+        a[...] = i % 100
+        held.append((i % 100, a))
+    for value, a in held:
+        assert (a == value).all()

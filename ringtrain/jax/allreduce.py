@@ -16,13 +16,12 @@ from ringtrain.ops import ReduceOp, resolve_op
 from ringtrain.core.process_sets import ProcessSet, global_process_set
 
 from . import gradients
-from .arrays import Wire, aligned_empty, check_reduction, check_scales, to_jax, to_numpy
+from .arrays import Wire, aligned_empty, check_reduction, check_scales, result_empty, to_jax, to_numpy
 from .host_call import collective_primitive, differentiable, same_avals
 from .naming import collective_name
 
 
 POOLED_BYTES = 256 << 10     # results from here up come from the core's result pool
-EAGER_COPY_BYTES = 16 << 10  # eager results below this are copied into a jax.Array, from here up adopted
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,14 +97,12 @@ def _allreduce_eager(tensor, op, name, prescale_factor, postscale_factor, proces
     check_reduction(wire.dtype, op, what)
     w = Wire(to_numpy(wire), op)
     check_scales(w, prescale_factor, postscale_factor, what)
-    nbytes = w.array.nbytes
-    # small results are copied into a jax.Array (jnp.asarray: cheaper than jax.dlpack's Python at 4 KB); larger
-    # ones land 64-byte aligned (here, or from the core's result pool) and are adopted without a copy
-    out = aligned_empty(w.array.shape, w.array.dtype) if EAGER_COPY_BYTES <= nbytes < POOLED_BYTES else None
+    # results land 64-byte aligned (here, or from the core's result pool) and are adopted without a copy; each call
+    # gets its own buffer (a pool block only once nothing refers to it: the jax.Array does while it lives)
+    out = result_empty(w.array.shape, w.array.dtype) if w.array.nbytes < POOLED_BYTES else None
     result = collectives.allreduce(w.array, w.op, name, float(prescale_factor), float(postscale_factor), out=out,
                                    process_set=process_set)
-    result = w.back(result, process_set.size())
-    reduced = jax.numpy.asarray(result) if nbytes < EAGER_COPY_BYTES else to_jax(result)
+    reduced = to_jax(w.back(result, process_set.size()))
     return reduced if compression is None else compression.decompress(reduced, ctx)
 
 

@@ -15,11 +15,15 @@ Measured with tensorflow-cpu 2.21 (benchmarks/results/tf_zero_copy.txt; docs/gui
 import ml_dtypes
 import numpy as np
 import tensorflow as tf
+from tensorflow.python import pywrap_tfe
+from tensorflow.python.eager import context
 
 from ringtrain import aligned
 
 TF_ALIGNMENT = 64          # Eigen's EIGEN_MAX_ALIGN_BYTES on x86-64 with AVX-512
 _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+# tf.experimental.dlpack.from_dlpack without its Python wrapper (~0.3 us): what that function calls
+_from_dlpack = pywrap_tfe.TFE_FromDlpackCapsule
 
 
 def aligned_empty(shape, dtype):
@@ -27,12 +31,29 @@ def aligned_empty(shape, dtype):
     return aligned.aligned_empty(shape, dtype, TF_ALIGNMENT)
 
 
+_SMALL = aligned.Slab(TF_ALIGNMENT)
+
+
+def result_empty(shape, dtype):
+    """aligned_empty for a result handed to TF (to_tensor): small ones are cut from shared blocks (cheaper)."""
+    return _SMALL.empty(shape, dtype)
+
+
 def _address(array):
     return array.__array_interface__["data"][0]
 
 
+_GPU_DEVICES = {}      # a tensor's device string -> does it name a GPU (the string test costs ~1 us per call)
+
+
 def is_gpu(tensor):
-    return "GPU" in (tensor.device or "").upper()
+    device = tensor.device
+    gpu = _GPU_DEVICES.get(device)
+    if gpu is None:
+        if len(_GPU_DEVICES) > 256:
+            _GPU_DEVICES.clear()
+        gpu = _GPU_DEVICES[device] = "GPU" in (device or "").upper()
+    return gpu
 
 
 def to_array(tensor):
@@ -44,9 +65,17 @@ def to_array(tensor):
     if is_gpu(tensor):
         from ringtrain.gpu import from_dlpack  # GPU path only: keeps cupy out of CPU-only processes
         return from_dlpack(tensor)
-    if tensor.dtype == tf.bfloat16:
+    if tensor.dtype is tf.bfloat16:            # DTypes are interned: `is` spares DType.__eq__'s ~1 us
         return np.from_dlpack(tf.bitcast(tensor, tf.int16)).view(_BFLOAT16)
     return np.from_dlpack(tensor)
+
+
+def adopt(array):
+    """to_tensor for an array of result_empty (64-byte aligned by construction: the address is not checked, which
+    costs ~1.4 us), zero-copy unless its dtype has no DLPack form."""
+    if array.dtype.kind in "biuf" and array.size:
+        return _from_dlpack(array.__dlpack__(), context.context()._handle)
+    return tf.convert_to_tensor(array)
 
 
 def to_tensor(array):

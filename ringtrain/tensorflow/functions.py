@@ -31,7 +31,9 @@ import weakref
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.autograph.impl import api as autograph_api
 from tensorflow.python.eager import record
+from tensorflow.python.framework.ops import EagerTensor
 
 from ringtrain.core import collectives
 from ringtrain.reducer import gradient_rules
@@ -202,21 +204,33 @@ def _allreduce_indexed_slices(slices, name, op, process_set):
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
-@_no_autograph
 def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=Compression.none, op=None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0, name: "str | None" = None,
               process_set=global_process_set):
     """Reduce `tensor` over all ranks (default: Average). tf.IndexedSlices are gathered (values and indices).
     device_dense / device_sparse are accepted for Horovod compatibility and ignored (results stay where TF puts
     them). `compression` casts the tensor for the wire and back."""
+    if type(tensor) is not _EAGER_TENSOR and not isinstance(tensor, (tf.Tensor, tf.IndexedSlices)):
+        tensor = tf.convert_to_tensor(tensor)      # lists, arrays, variables
+    # an eager tensor with no gradient tape recording: straight to the core (no do_not_convert wrapper per call)
+    if type(tensor) is _EAGER_TENSOR and tf.executing_eagerly() and not record.could_possibly_record():
+        return _allreduce_eager(tensor, compression, resolve_op(op, average, adasum=True), prescale_factor,
+                                postscale_factor, name, process_set)
+    return _allreduce(tensor, average, compression, op, prescale_factor, postscale_factor, name, process_set)
+
+
+_EAGER_TENSOR = EagerTensor
+# a tf.function's autograph calls allreduce unconverted, as it does a do_not_convert function
+autograph_api.autograph_artifact(allreduce)
+
+
+@_no_autograph
+def _allreduce(tensor, average, compression, op, prescale_factor, postscale_factor, name, process_set):
+    """allreduce in a graph, under a tape, and of tf.IndexedSlices."""
     op = resolve_op(op, average, adasum=True)
     if isinstance(tensor, tf.IndexedSlices):
         return _allreduce_indexed_slices(tensor, _auto_name("allreduce", name, tensor.values, process_set), op,
                                          process_set)
-    if not isinstance(tensor, tf.Tensor):        # (convert_to_tensor returns a tensor itself, in ~5 us)
-        tensor = tf.convert_to_tensor(tensor)
-    if tf.executing_eagerly() and not record.could_possibly_record():
-        return _allreduce_eager(tensor, compression, op, prescale_factor, postscale_factor, name, process_set)
     name = _auto_name("allreduce", name, tensor, process_set)
     wire, ctx = compression.compress(tensor)
     (reduced,) = _allreduce_differentiable([wire], [name], op, prescale_factor, postscale_factor, process_set)
@@ -230,13 +244,14 @@ def _allreduce_eager(tensor, compression, op, prescale_factor, postscale_factor,
     wire, ctx = compression.compress(tensor)
     array = arrays.to_array(wire)
     # small results in 64-byte-aligned memory TF adopts without a copy; large ones from the core's result pool
-    out = arrays.aligned_empty(array.shape, array.dtype) if array.nbytes < EAGER_POOLED_BYTES else None
+    out = arrays.result_empty(array.shape, array.dtype) if array.nbytes < EAGER_POOLED_BYTES else None
     try:
         result = collectives.allreduce(array, op=op, name=name, prescale_factor=prescale_factor,
                                        postscale_factor=postscale_factor, out=out, process_set=process_set)
     except TensorMismatchError as e:         # Horovod's type (tf.errors.FailedPreconditionError), ours too
         raise host_op.as_tf_error(e) from None
-    return compression.decompress(arrays.to_tensor(result), ctx)
+    reduced = arrays.adopt(result) if result is out else arrays.to_tensor(result)
+    return compression.decompress(reduced, ctx)
 
 
 @_no_autograph
