@@ -201,14 +201,15 @@ def grouped_allreduce(arrays, op=Average, name: "str | None" = None, prescale_fa
     name = _name("grouped_allreduce", name, to) if arrays else name
     # a recurring group of numpy arrays (the same name, op, scales, dtypes and shapes) has an ExpressPlan in the
     # engine's memo (express_memo.py): packed into one array, one express cycle, the results views of it
-    signature = tuple([(a.dtype, a.shape) for a in arrays if a.__class__ is np.ndarray])
+    # (plans are made for C-contiguous groups only: a key with a non-contiguous array never hits one)
+    signature = tuple([(a.dtype, a.shape, a.flags.c_contiguous) for a in arrays if a.__class__ is np.ndarray])
     key = (name, op, float(prescale_factor), float(postscale_factor), signature)
     memo = to.engine.memo
     plan = memo.get(key) if outs is None and len(signature) == len(arrays) > 1 else None
-    if plan is not None and all([a.flags.c_contiguous for a in arrays]):
+    if plan is not None:
         return _planned_group(to.engine, plan, arrays)
     results = _grouped_allreduce(arrays, op, name, prescale_factor, postscale_factor, outs, True, process_set).wait()
-    if outs is None and len(signature) == len(arrays) > 1 and len({dtype for dtype, _ in signature}) == 1:
+    if outs is None and len(signature) == len(arrays) > 1 and len({dtype for dtype, _, _ in signature}) == 1:
         meta, eligible, packed = _group_meta(op, arrays[0].dtype, "cpu", prescale_factor, postscale_factor,
                                              tuple(a.size for a in arrays))
         if packed:
@@ -217,26 +218,27 @@ def grouped_allreduce(arrays, op=Average, name: "str | None" = None, prescale_fa
 
 
 def _layout(arrays):
-    """Where each array of a packed group lies in the packed array: (slice, shape) in order."""
+    """Where each array of a packed group lies in the packed array: (slice, shape) in order; the shape None for a
+    1-D array (its slice of the packed array is its result as it is)."""
     layout, offset = [], 0
     for a in arrays:
         layout.append((slice(offset, offset + a.size), a.shape))
         offset += a.size
-    return tuple(layout)
+    return tuple([(part, None if len(shape) == 1 else shape) for part, shape in layout])
 
 
 def _planned_group(eng, plan, arrays):
     """A recurring small synchronous grouped allreduce (see grouped_allreduce): one packed array, the express cycle
     (or, when the cycle says otherwise, an ordinary request on the same packed array: every rank makes the same
     transport call either way), and the results as views of the packed array (no unpacking copy)."""
-    packed = np.concatenate(arrays, axis=None)
+    packed = np.concatenate(arrays) if plan.flat else np.concatenate(arrays, axis=None)
     done = eng.express(plan.name, plan.meta, packed, packed, None, plan)
     if done is None:
         done = Handle((plan.name,), eng.drive)
         eng.run(Request(plan.name, plan.meta, (packed,), (packed,), done, HOST_OPS, plan=plan))
     if done is not True:
         done.wait()
-    return [packed[part].reshape(shape) for part, shape in plan.group]
+    return [packed[part] if shape is None else packed[part].reshape(shape) for part, shape in plan.group]
 
 
 def _grouped_allreduce(arrays, op, name, prescale_factor, postscale_factor, outs, sync, process_set):

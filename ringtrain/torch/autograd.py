@@ -100,6 +100,9 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     """allreduce of each tensor, negotiated and fused as one group; differentiable. Returns a list."""
     tensors = list(tensors)
     if compression is Compression.none and not _wants_grad(tensors):
+        if len(tensors) > 1:
+            return functions.grouped_allreduce_sync(tensors, average, name, op, prescale_factor, postscale_factor,
+                                                    process_set)
         return _allreduce_forward(tensors, average, name, op, prescale_factor, postscale_factor, process_set)
     compressed = [compression.compress(t) for t in tensors]
     if not _wants_grad([c for c, _ in compressed]):

@@ -208,10 +208,29 @@ def grouped_allreduce_sync(tensors: list, average=None, name: "str | None" = Non
                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                            process_set: ProcessSet = global_process_set) -> list:
     """grouped_allreduce into new tensors on this thread (the core's synchronous call); not differentiable."""
-    arrays = [to_array(contiguous(t)) for t in tensors]
+    arrays = _plain_arrays(tensors)
+    plain = arrays is not None
+    if not plain:
+        arrays = [to_array(contiguous(t)) for t in tensors]
     results = collectives.grouped_allreduce(arrays, op=resolve_op(op, average, adasum=True), name=name,
-                                            process_set=process_set, **_scales(prescale_factor, postscale_factor))
-    return [from_array(r) for r in results]
+                                            process_set=process_set, prescale_factor=prescale_factor,
+                                            postscale_factor=postscale_factor)
+    # plain: results of numpy dtypes on the host, fresh writable arrays: torch.from_numpy is all from_array would do
+    return [torch.from_numpy(r) for r in results] if plain else [from_array(r) for r in results]
+
+
+def _plain_arrays(tensors):
+    """numpy views of contiguous CPU tensors of numpy dtypes that need no gradient, by t.numpy() alone (to_array's
+    checks, a call each, cost as much per tensor as a small group's collective); None when any tensor is something
+    else (CUDA, bfloat16, requiring grad, not contiguous, not a tensor): to_array's path then."""
+    try:
+        arrays = [t.numpy() for t in tensors]       # raises for CUDA, bfloat16 and tensors that require grad
+    except (TypeError, RuntimeError, AttributeError):
+        return None
+    for a in arrays:
+        if not a.flags.c_contiguous:
+            return None
+    return arrays
 
 
 def allreduce_async_(tensor: torch.Tensor, average=None, name: "str | None" = None, op=None,

@@ -291,6 +291,20 @@ def test_recurring_calls_under_one_name_with_other_dtypes_ops_and_shapes():
             np.testing.assert_allclose(parts[0], want.astype(dtype), rtol=1e-6)
 
 
+def test_grouped_strided_tensors_give_the_reference():
+    """Strided views (every other column, a transpose) beside a contiguous slice, in one recurring group: each
+    result has its tensor's values and shape, and the inputs stay as they were."""
+    r, size = rt.rank(), rt.size()
+    for call in range(3):
+        base = torch.from_numpy(data(40, call, r).reshape(5, 8))
+        parts = [base[:, ::2], base.t(), base[1:3]]
+        got = hvd.grouped_allreduce(parts, op=hvd.Sum, name="forms.strided")
+        whole = total(40, call, size).reshape(5, 8)
+        for k, want in enumerate((whole[:, ::2], whole.T, whole[1:3])):
+            np.testing.assert_array_equal(got[k].numpy(), want, err_msg=f"rank {r} call {call} tensor {k}")
+        np.testing.assert_array_equal(base.numpy(), data(40, call, r).reshape(5, 8))
+
+
 def test_grouped_results_keep_their_shapes_and_are_independent():
     """A recurring small group is packed into one array and its results are views of it: each has its array's
     shape and values, and writing into one leaves the others as they were."""
