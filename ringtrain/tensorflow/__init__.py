@@ -27,10 +27,11 @@ from .functions import (  # noqa: F401
     broadcast, broadcast_, broadcast_global_variables, broadcast_object, broadcast_object_fn, broadcast_variables,
     ccl_built, cross_rank, cross_size, cuda_built, ddl_built, global_process_set, gloo_built, gloo_enabled,
     grouped_allgather, grouped_allreduce, grouped_reducescatter, init, is_homogeneous, is_initialized, join,
-    local_rank, local_rank_op, local_size, local_size_op, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built,
-    process_set_included_op, rank, rank_op, reducescatter, remove_process_set, rocm_built, shutdown, size, size_op,
+    local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built,
+    rank, reducescatter, remove_process_set, rocm_built, shutdown, size,
     start_timeline, stop_timeline,
 )
+from .topology_ops import local_rank_op, local_size_op, process_set_included_op, rank_op, size_op  # noqa: F401
 from . import elastic  # noqa: F401  -- hvd.elastic
 from . import mpi_ops  # noqa: F401  -- horovod.tensorflow.mpi_ops
 from .gradient_aggregation import LocalGradientAggregationHelper  # noqa: F401

@@ -471,11 +471,6 @@ def broadcast_object_fn(root_rank: int = 0, session=None, name: "str | None" = N
     return broadcast_fn
 
 
-def process_set_included_op(process_set_id: int = 0, name: "str | None" = None) -> tf.Tensor:
-    """1 (int32 scalar tensor) when this rank belongs to process set `process_set_id`, else 0."""
-    return tf.constant(1 if _process_set(process_set_id).included() else 0, dtype=tf.int32, name=name)
-
-
 class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
     """Horovod's TF1 hook: after a tf.compat.v1 MonitoredSession is created, broadcast every global variable from
     root_rank (so all ranks start equal). `device` is accepted and ignored."""
@@ -493,33 +488,3 @@ class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
 
     def after_create_session(self, session, coord):
         session.run(self.bcast_op)
-
-
-# ---------------------------------------------------------------- topology as tensors (Horovod's *_op)
-
-
-def _process_set(process_set_id):
-    for candidate in process_sets():
-        if candidate.process_set_id == process_set_id:
-            return candidate
-    raise ValueError(f"no process set with id {process_set_id} is registered on this rank")
-
-
-def size_op(process_set_id: int = 0, name: "str | None" = None) -> tf.Tensor:
-    """The number of ranks (of process set `process_set_id`) as an int32 scalar tensor."""
-    return tf.constant(_process_set(process_set_id).size(), dtype=tf.int32, name=name)
-
-
-def rank_op(name: "str | None" = None) -> tf.Tensor:
-    """This process's world rank as an int32 scalar tensor."""
-    return tf.constant(rank(), dtype=tf.int32, name=name)
-
-
-def local_size_op(name: "str | None" = None) -> tf.Tensor:
-    """The number of ranks on this node as an int32 scalar tensor."""
-    return tf.constant(local_size(), dtype=tf.int32, name=name)
-
-
-def local_rank_op(name: "str | None" = None) -> tf.Tensor:
-    """This process's rank on its node as an int32 scalar tensor."""
-    return tf.constant(local_rank(), dtype=tf.int32, name=name)
