@@ -34,7 +34,8 @@ def parse_args():
     parser.add_argument("--demo-kill", type=int, metavar="RANK",
                         help="this rank SIGKILLs itself in the middle of epoch 2 (to watch a recovery)")
     parser.add_argument("--demo-pace", type=float, default=0.0, metavar="SECONDS",
-                        help="sleep this long after each step (to watch workers come and go)")
+                        help="sleep this long after each step while the world has fewer workers than it started "
+                             "with (to watch a new worker come in)")
     return parser.parse_args()
 
 
@@ -42,6 +43,7 @@ def main():
     args = parse_args()
     torch.set_num_threads(1)
     hvd.init()
+    started_with = hvd.size()
     torch.manual_seed(0)
     (x_train, y_train), (x_test, y_test) = load_digits_split(0.2, seed=0)
     x_train, y_train = torch.from_numpy(x_train), torch.from_numpy(y_train)
@@ -74,7 +76,8 @@ def main():
                 optimizer.step()
                 losses.append(loss.item())
                 state.sampler.record_batch(batch, args.batch_size)     # right after the step, before any collective
-                time.sleep(args.demo_pace)
+                if hvd.size() < started_with:
+                    time.sleep(args.demo_pace)
             state.epoch += 1
             state.sampler.set_epoch(state.epoch)
             accuracy = (model(torch.from_numpy(x_test)).argmax(1).numpy() == y_test).mean()

@@ -34,7 +34,8 @@ def parse_args():
     parser.add_argument("--demo-kill", type=int, metavar="RANK",
                         help="this rank SIGKILLs itself in the middle of epoch 2 (to watch a recovery)")
     parser.add_argument("--demo-pace", type=float, default=0.0, metavar="SECONDS",
-                        help="sleep this long after each batch (to watch workers come and go)")
+                        help="sleep this long after each batch while the world has fewer workers than it started "
+                             "with (to watch a new worker come in)")
     return parser.parse_args()
 
 
@@ -43,6 +44,7 @@ def main():
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     hvd.init()
+    started_with = hvd.size()
     keras.utils.set_random_seed(0)
     (x_train, y_train), (x_test, y_test) = load_digits_split(0.2, seed=0)
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(100, activation="sigmoid"),
@@ -74,7 +76,8 @@ def main():
         def on_batch_end(self, batch, logs=None):
             sampler.record_batch(batch, args.batch_size)
             state.sampler_state = sampler.state_dict()
-            time.sleep(args.demo_pace)
+            if hvd.size() < started_with:
+                time.sleep(args.demo_pace)
 
         def on_epoch_end(self, epoch, logs=None):
             sampler.set_epoch(epoch + 1)

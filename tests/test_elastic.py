@@ -202,15 +202,23 @@ def run_example(script, *args, launcher=("-np", "3", "--min-np", "2")):
 @pytest.mark.parametrize("script", ["elastic_train.py", pytest.param("keras_elastic_train.py", marks=keras_only)])
 def test_example_survives_a_killed_worker_and_takes_in_a_new_one(script, tmp_path):
     """The examples README's command with --demo-kill: rank 2 dies in epoch 2, the job learns on with 2 workers, and
-    a new worker started on the freed slot (the host's cooldown over) joins and trains to the end."""
+    a new worker started on the freed slot (the host's cooldown over) joins and trains to the end. The pace (only
+    while the world is short of a worker) leaves the new worker 4 epochs x 15 steps x 0.5 s to start; it must join
+    with 2 epochs or more left, and the job must have learnt (chance is 0.1; the first epoch's accuracy 0.1-0.3)."""
     discover, _ = _discovery_script(tmp_path, "localhost:3\n")
-    out = run_example(script, "--demo-kill", "2", "--epochs", "6", "--demo-pace", "0.2",
+    out = run_example(script, "--demo-kill", "2", "--epochs", "6", "--demo-pace", "0.5",
                       launcher=("-np", "3", "--min-np", "2", "--max-np", "3", "--host-discovery-script",
                                 str(discover), "--blacklist-cooldown-range", "1", "1"))
     assert "world 2: 2 workers" in out, out[-12000:]
     assert re.search(r"world 3: 3 workers; joined: localhost\[2\]", out), out[-12000:]
+    # an epoch's line is missing when the world changed during its test pass (it re-forms and goes on)
+    epochs = {int(e): (int(w), float(a)) for e, w, a in
+              re.findall(r"^epoch +(\d+)/6  workers (\d)  .*test accuracy ([0-9.]+)$", out, re.M)}
+    assert epochs.get(1, (0,))[0] == 3, out[-12000:]
+    assert epochs.get(5, (0,))[0] == 3 and epochs.get(6, (0,))[0] == 3, out[-12000:]   # joined 2+ epochs before the end
     final = re.search(r"final: workers (\d+)  epochs (\d+)  test accuracy ([0-9.]+)", out)
-    assert final and final.group(1, 2) == ("3", "6") and float(final.group(3)) >= 0.8, out[-12000:]
+    assert final and final.group(1, 2) == ("3", "6"), out[-12000:]
+    assert float(final.group(3)) >= 0.7 and float(final.group(3)) >= epochs[1][1] + 0.4, out[-12000:]
 
 
 def test_reset_limit_ends_the_job_at_the_first_reformation_too_many():
