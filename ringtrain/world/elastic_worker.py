@@ -85,7 +85,8 @@ class DriverClient:
         self.leave_timeout_s = leave_timeout_s()
         self.connect_timeout_s = connect_timeout_s()
         self._send_lock = threading.Lock()
-        self.boundary = StepBoundary(self._send_quietly, worker_id, self.leave_timeout_s)
+        # the driver answers a step report within milliseconds; the timeout only turns a driver bug into an error
+        self.boundary = StepBoundary(self._send_quietly, worker_id, max(self.leave_timeout_s, 30.0))
         self.send("hello", worker=worker_id, pid=os.getpid())
         threading.Thread(target=self._read, name="ringtrain-elastic-driver", daemon=True).start()
 
