@@ -31,7 +31,7 @@ class _Ctrl:
 class _IdleAgreement:
     """Nothing to agree on: every poll returns no action."""
 
-    def poll(self):
+    def poll(self, lazy=False):
         return []
 
 

@@ -88,7 +88,8 @@ class CoordinatorAgreement:
             self._items = []
 
     # ---- progress --------------------------------------------------------------------------------------------
-    def poll(self):
+    def poll(self, lazy=False):
+        """This rank's agreed actions so far (lazy: see CycleAgreement.poll; no cycles here)."""
         self._flush_items()
         for message in self._outbox:
             self._to_coordinator(message)
@@ -212,13 +213,15 @@ class CycleAgreement(CoordinatorAgreement):
         return bool(self._ready or self._handed) or super().owes()
 
     # ---- cycles ----------------------------------------------------------------------------------------------
-    def poll(self):
-        if not self._should_enter():
+    def poll(self, lazy=False):
+        """lazy: leave a peer's cycle to this rank's caller unless this rank owes something (Engine._pass)."""
+        if not self._should_enter(lazy):
             return []
         return self._run_cycle()
 
-    def _should_enter(self):
-        if self._dirty or self._exchange.entered_by_peer(self._cycle):
+    def _should_enter(self, lazy=False):
+        if self._dirty or self._exchange.entered_by_peer(self._cycle) and not (
+                lazy and not self._ready and not self._handed and not CoordinatorAgreement.owes(self)):
             return True
         now = time.monotonic()
         if self._ready and min(self._ready_since.values()) < now - HANDOVER_S:

@@ -94,7 +94,7 @@ class Driver:
                 self._observe()
                 continue
             with engine._progress_lock:
-                busy = engine._guarded_pass()
+                busy = engine._guarded_pass(background=True)
             if busy:
                 idle = 0
                 continue

@@ -50,6 +50,8 @@ from .watchdog import Watchdog
 
 log = logging.getLogger("ringtrain")
 
+CALLER_GRACE_S = 2e-4          # an engine thread this soon after an express call leaves a peer's cycle to the caller
+
 
 
 class Engine:
@@ -80,6 +82,7 @@ class Engine:
         self._state_lock = self.intake.lock
         self._progress_lock = threading.Lock()
         self.failed = None              # a fatal RingtrainError: every later call raises it
+        self.express_end = 0.0          # perf_counter time the last express call finished (see _pass)
         self.join_handle = None
         self.shutdown_requested = False
         self.finished = threading.Event()   # the engine stopped: shutdown agreed, or a fatal failure
@@ -209,12 +212,13 @@ class Engine:
         self.driver.until(handle.done, deadline)
 
     # ------------------------------------------------------------------------------------------------ one pass
-    def _guarded_pass(self):
-        """A pass that turns any failure into errors on the waiting handles instead of a dead engine thread."""
+    def _guarded_pass(self, background=False):
+        """A pass that turns any failure into errors on the waiting handles instead of a dead engine thread.
+        background: the engine thread's (see _pass)."""
         if self.finished.is_set():
             return False
         try:
-            return self._pass()
+            return self._pass(background)
         except BaseException as e:
             self._pass_failed(e)
         return False
@@ -269,7 +273,7 @@ class Engine:
             if outcome is True or isinstance(outcome, Collective):     # agreed in its own cycle: this array alone
                 if outcome is not True:             # True: the native cycle reduced it already (native_cycle.py)
                     self.executor.express(outcome, array, out)
-                end = time.perf_counter()
+                end = self.express_end = time.perf_counter()
                 self.executor.stats.record_allreduce(array.nbytes, end - start)
                 if entry is not None:
                     entry[FINISHED] = end
@@ -306,11 +310,17 @@ class Engine:
         self.requests[name] = request
         return request
 
-    def _pass(self):
+    def _pass(self, background=False):
+        """background: the engine thread's pass. With nothing in flight here, within CALLER_GRACE_S of this rank's
+        last express call, it does not follow a peer into an agreement cycle: the caller is between two
+        synchronous calls, and its next one publishes that cycle with its own id ready, keeping both ranks' calls
+        on the express path (a follow-in's empty slot would turn the peer's call into a request). Later looks
+        follow as usual (the stall and straggler machinery sees every cycle)."""
         if self.intake.deferred is not None:
             self.intake.flush()
         busy = self._take_submissions()
-        actions = self.agreement.poll()
+        actions = self.agreement.poll(background and not busy and not self.requests and self.join_handle is None
+                                      and time.perf_counter() - self.express_end < CALLER_GRACE_S)
         if actions:
             busy = True
             self._execute(actions)
