@@ -149,15 +149,17 @@ def _identity(x):
 
 
 def _tf_round_trip(arrays, tensor):
+    """What the eager call does around the core call (functions._allreduce_eager), with a copy for the collective."""
     view = arrays.to_array(tensor)
-    out = arrays.aligned_empty(view.shape, view.dtype)
+    out = arrays.result_empty(view.shape, view.dtype)
     out[...] = view
-    return arrays.to_tensor(out)
+    return arrays.adopt(out)
 
 
 def _jax_round_trip(arrays, a):
+    """What the eager call does around the core call (allreduce._allreduce_eager), with a copy for the collective."""
     view = arrays.to_numpy(a)
-    out = arrays.aligned_empty(view.shape, view.dtype)
+    out = arrays.result_empty(view.shape, view.dtype)
     out[...] = view
     return arrays.to_jax(out)
 
