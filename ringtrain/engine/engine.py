@@ -13,9 +13,9 @@ A synchronous host allreduce with nothing else in flight goes further (express()
 caller's thread, then the reduction -- from the cycle's slots when it fits them, else the transport call itself --
 with no request, handle or action at all; when that cycle's snapshot says anything else it becomes an ordinary
 request then and there. A small asynchronous allreduce submitted while nothing else is in flight is held back
-(submit()) so that a prompt wait() runs it the express way too; anything else hands it to the engine. The
-background thread keeps asynchronous collectives moving while the caller computes, and follows peers into
-agreement cycles while this rank is idle.
+(hold(): its HeldHandle alone, no request yet) so that a prompt wait() runs it the express way too; anything else
+hands it to the engine. The background thread keeps asynchronous collectives moving while the caller computes, and
+follows peers into agreement cycles while this rank is idle (not right after an express call: see _pass).
 
 Every wait is a polled wait through the Watchdog, so a dead peer, a stall or an abort ends in an error naming
 ranks and tensors, never a hang.

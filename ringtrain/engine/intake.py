@@ -1,5 +1,5 @@
 """What callers hand the engine: the queue its passes take requests from, the names in flight on this rank, and at
-most one small asynchronous request held back for a prompt wait (see Engine.submit).
+most one small asynchronous allreduce held back for a prompt wait (a HeldHandle; see Engine.hold).
 
 The lock here is the engine's state lock: it also guards what the engine keeps beside it (its failure, shutdown
 and the count of callers driving), so that admitting a request and deciding to hold one back see one state.
