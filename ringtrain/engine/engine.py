@@ -107,20 +107,31 @@ class Engine:
         peer's cycle included), or else the background thread's next look, within driving.IDLE_SLEEP_S.
         True when held (its name is in flight from now on; a name already in flight raises); False when the engine
         is not idle and the caller submits it as a request."""
-        with self._state_lock:
+        intake = self.intake
+        with self._state_lock:         # (the intake's lock: state, admission and the hold in one critical section)
             if self.failed is not None:
                 raise self.failed
             if self.shutdown_requested:
                 raise ShutdownError("ringtrain is shutting down; no new collectives")
-            # idle: nothing in flight here and no caller driving
-            return self.intake.hold(held, not self.requests and self.join_handle is None and not self.driver.count)
+            # nothing held or queued, nothing in flight here and no caller driving
+            if (intake.deferred is not None or self.requests or self.join_handle is not None or self.driver.count
+                    or not intake.queue.empty()):
+                return False
+            name = held.names[0]
+            if name in intake.names:
+                intake.admit(name)      # (raises)
+            intake.names.add(name)
+            intake.deferred = held
+            return True
 
     def run_held(self, held):
         """wait() on a HeldHandle: run it express on this thread when it is still held. Its handle has its result
         when that finished it; otherwise it is an ordinary request now (or was already) and the caller drives on."""
         intake = self.intake
-        if not intake.claim(held):
-            return
+        with intake.lock:
+            if intake.deferred is not held:     # handed to the engine already
+                return
+            intake.deferred = None
         name = held.names[0]
         outcome = self.express(name, held.plan.meta, held.array, held.out, held, held.plan)
         if outcome is True:

@@ -44,19 +44,6 @@ class Intake:
         with self.lock:
             return any(n == name or n.startswith(dotted) for n in self.names)
 
-    def hold(self, held, idle):
-        """Lock held (the engine checks its state, admits and holds in one critical section): hold `held` (a
-        HeldHandle) back instead of queueing a request when nothing else is held or queued and the engine is `idle`
-        (nothing in flight). True when held (its name is then in flight); False: nothing was done."""
-        if idle and self.deferred is None and self.queue.empty():
-            name = held.names[0]
-            if name in self.names:
-                self.admit(name)        # (raises)
-            self.names.add(name)
-            self.deferred = held
-            return True
-        return False
-
     def flush(self):
         """Hand the held-back allreduce (if any) to the engine's queue, as an ordinary request."""
         if self.deferred is None:
@@ -67,14 +54,6 @@ class Intake:
                 request = self.materialize(request)
         if request is not None:
             self.put(request)
-
-    def claim(self, held):
-        """The caller runs the held-back `held` itself: True when it was still held (and is no longer)."""
-        with self.lock:
-            if self.deferred is not held:
-                return False
-            self.deferred = None
-        return True
 
     def take(self):
         """Every item queued so far, in order."""
