@@ -87,16 +87,25 @@ def allreduce(tensor, op=None, name=None, prescale_factor=1.0, postscale_factor=
     return compression.decompress(reduced, ctx) if compression is not None else reduced
 
 
+_REDUCIBLE = set()     # (dtype, op) pairs check_reduction passed
+
+
+def _what(name):
+    return f"allreduce {name!r}" if name is not None else "allreduce"
+
+
 def _allreduce_eager(tensor, op, name, prescale_factor, postscale_factor, process_set, average, compression):
     """A concrete array outside any trace (no jit, no grad: those see Tracers): the core's synchronous call on a
     view of it, with no primitive, custom_vjp or callback around it. Unnamed calls take the core's recurring
     unnamed names (cached, so they run express)."""
     op = resolve_op(op, average, adasum=True)
     wire, ctx = compression.compress(tensor) if compression is not None else (tensor, None)
-    what = f"allreduce {name!r}" if name is not None else "allreduce"
-    check_reduction(wire.dtype, op, what)
+    if (wire.dtype, op) not in _REDUCIBLE:      # checked once per pair (~1 us a call otherwise)
+        check_reduction(wire.dtype, op, _what(name))
+        _REDUCIBLE.add((wire.dtype, op))
     w = Wire(to_numpy(wire), op)
-    check_scales(w, prescale_factor, postscale_factor, what)
+    if w.divide_by_size:                        # the one case check_scales refuses
+        check_scales(w, prescale_factor, postscale_factor, _what(name))
     # results land 64-byte aligned (here, or from the core's result pool) and are adopted without a copy; each call
     # gets its own buffer (a pool block only once nothing refers to it: the jax.Array does while it lives)
     out = result_empty(w.array.shape, w.array.dtype) if w.array.nbytes < POOLED_BYTES else None
