@@ -419,12 +419,14 @@ def test_sharded_optimizer_quick(tmp_path):
     need("torch")
     need("matplotlib", "bench")      # the --png plot
     out_json, out_png = str(tmp_path / "sharded.json"), str(tmp_path / "sharded.png")
+    # three of the five modes (a job each): the reference, a sharded mode and the peer; the sharded modes'
+    # results are checked against one process by tests/parallel/test_sharded_optimizer.py
+    modes = ["distributed-optimizer", "shard-gradients", "torch-zero-ddp"]
     stdout = run_script([sys.executable, os.path.join(BENCH_DIR, "sharded_optimizer.py"), "--quick",
-                         "--json", out_json, "--png", out_png], timeout=300)
+                         "--modes", ",".join(modes), "--json", out_json, "--png", out_png], timeout=300)
     with open(out_json) as f:
         records = {r["mode"]: r for r in json.load(f)["records"]}
-    assert set(records) == {"distributed-optimizer", "shard-optimizer", "shard-gradients",
-                            "shard-gradients-after-backward", "torch-zero-ddp"}
+    assert set(records) == set(modes)
     full = records["distributed-optimizer"]["state_mb"]
     for mode, r in records.items():
         assert r["ranks_agree"], f"{mode} left different parameters on different ranks"

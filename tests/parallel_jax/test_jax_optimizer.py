@@ -14,10 +14,15 @@ STEPS = 4
 
 
 def init_params(seed):
-    keys = jax.random.split(jax.random.PRNGKey(seed), 3)
-    return {"dense1": {"w": jax.random.normal(keys[0], (10, 16), jnp.float32) * 0.3, "b": jnp.zeros(16, jnp.float32)},
-            "dense2": {"w": jax.random.normal(keys[1], (16, 8), jnp.float32) * 0.3, "b": jnp.zeros(8, jnp.float32)},
-            "out": {"w": jax.random.normal(keys[2], (8, 3), jnp.float32) * 0.3, "b": jnp.zeros(3, jnp.float32)}}
+    # numpy's generator: jax.random's first call compiles its threefry kernels (seconds per rank on shared cores)
+    rng = np.random.default_rng(seed)
+
+    def w(*shape):
+        return jnp.asarray(rng.standard_normal(shape, dtype=np.float32) * 0.3)
+
+    return {"dense1": {"w": w(10, 16), "b": jnp.zeros(16, jnp.float32)},
+            "dense2": {"w": w(16, 8), "b": jnp.zeros(8, jnp.float32)},
+            "out": {"w": w(8, 3), "b": jnp.zeros(3, jnp.float32)}}
 
 
 def loss(params, x, y):
