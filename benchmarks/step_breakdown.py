@@ -91,7 +91,7 @@ import train_scaling  # noqa: E402  (the same models and data as the scaling ben
 
 import ringtrain  # noqa: E402
 import ringtrain.torch as hvd  # noqa: E402
-from ringtrain.engine import agreement, executor, watchdog
+from ringtrain.engine import cycle_agreement, executor, watchdog
 from ringtrain.reducer import reducer
 from ringtrain.core import state  # noqa: E402
 from ringtrain.torch import gradient_hooks as torch_optimizer  # noqa: E402
@@ -125,8 +125,8 @@ class PhaseClock:
         (torch_optimizer.GradientHooks, "_unpack_flat", "unpack", True),
         (torch_optimizer.GradientHooks, "_unpack_each", "unpack", True),
         (reducer.Reducer, "wait", "handle_wait", False),
-        (agreement.CycleAgreement, "_exchange_slots", "agree", False),
-        (agreement.CycleAgreement, "_slow_cycle", "agree", False),
+        (cycle_agreement.CycleAgreement, "_exchange_slots", "agree", False),
+        (cycle_agreement.CycleAgreement, "_slow_cycle", "agree", False),
         (executor.Executor, "reduce_slots", "slots", False),
     )
 

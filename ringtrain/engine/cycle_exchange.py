@@ -1,4 +1,4 @@
-"""How one agreement cycle's slots travel between the ranks (the cycle's logic is CycleAgreement, agreement.py).
+"""How one agreement cycle's slots travel between the ranks (the cycle's logic is CycleAgreement, cycle_agreement.py).
 
 In cycle c every rank publishes a slot -- flag word, ready-bitmap of cache ids, and optionally one small allreduce's
 id and data ("eager") -- then waits until it holds cycle c's slot of every rank. Every rank then reads the same

@@ -30,7 +30,7 @@ import time
 from functools import partial
 
 from .. import errors
-from .solo import make_agreement
+from .agreement import make_agreement
 from .control import ControlChannel
 from .driving import Driver
 from .model import Collective, Failed, JoinDone, Shutdown, Warn, express_eligible
@@ -253,7 +253,7 @@ class Engine:
     # ------------------------------------------------------------------------------------------------ express
     def express(self, name, meta, array, out, held=None, plan=None):
         """A synchronous allreduce of one host array (or the Segments of a grouped one), tried in one agreement
-        cycle on the caller's thread with no request, handle or queue (agreement.CycleAgreement.express), then
+        cycle on the caller's thread with no request, handle or queue (cycle_agreement.CycleAgreement.express), then
         reduced from the cycle's slots or, too large for them, on the transport right here: True when `out` holds
         the result; a Handle
         when the cycle decided otherwise and the collective continues on the general path; None when it does not

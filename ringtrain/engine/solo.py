@@ -1,13 +1,13 @@
 """The agreement of a communicator of one rank (a one-process world, or a process set of one rank).
 
-Nothing needs agreeing at one rank, yet the Coordinator's protocol (agreement.CoordinatorAgreement) would send
-every call through a pass: queue, plan, fusion, executor -- a few hundred microseconds for what is a copy. So a
-one-rank communicator keeps the Coordinator for the general path (async requests, joins, timelines, every other
-collective) and adds an express path that needs no cycle: express() answers at once with the Collective of this
-array alone, and the executor computes it exactly as the general path does at one rank (the input times the
-op's scales, out of place or in place).
+Nothing needs agreeing at one rank, yet the Coordinator's protocol (coordinator_agreement.CoordinatorAgreement)
+would send every call through a pass: queue, plan, fusion, executor -- a few hundred microseconds for what is a
+copy. So a one-rank communicator (agreement.make_agreement gives it this agreement) keeps the Coordinator for the
+general path (async requests, joins, timelines, every other collective) and adds an express path that needs no
+cycle: express() answers at once with the Collective of this array alone, and the executor computes it exactly as
+the general path does at one rank (the input times the op's scales, out of place or in place).
 """
-from .agreement import CoordinatorAgreement, make_agreement as _make_agreement
+from .coordinator_agreement import CoordinatorAgreement
 from .model import Collective
 
 CAPACITY = 4096     # Collectives kept per (name, Meta) or per plan; past this the table starts again from empty
@@ -33,10 +33,3 @@ class SoloAgreement(CoordinatorAgreement):
             action = self._actions[key] = Collective.of("allreduce", (name,), (meta,), 1)
         return action
 
-
-def make_agreement(topology, control, config, watchdog, copy_in, shared=None):
-    """agreement.make_agreement, but a communicator of one rank gets the SoloAgreement."""
-    if topology.size == 1:
-        capacity = max(0, int(control.ctrl.bcast(config.cache_capacity, root=0)))
-        return SoloAgreement(control, config, watchdog, capacity)
-    return _make_agreement(topology, control, config, watchdog, copy_in, shared)

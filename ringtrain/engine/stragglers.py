@@ -1,7 +1,7 @@
 """Straggler scores: how long the other ranks waited for each rank, and a log line on rank 0 naming a rank that makes
 them wait.
 
-Where the waits come from (agreement.py, CycleAgreement._exchange_slots): a rank that offers collectives in an
+Where the waits come from (cycle_agreement.py, CycleAgreement._exchange_slots): a rank that offers collectives in an
 agreement cycle and cannot run them -- a peer lacks them, or has not reached the cycle -- is waiting for that peer.
 When its collectives do run, the time since it began waiting goes to the peer it waited for (add_wait). Nothing is
 measured while nobody waits (nor waits shorter than WAIT_FLOOR_S, the exchange's own handshake), and nothing is

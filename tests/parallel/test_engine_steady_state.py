@@ -40,7 +40,7 @@ def test_rss_stays_flat_over_10000_steady_state_calls():
 
 
 def test_steady_state_needs_no_coordinator_on_one_node(monkeypatch):
-    from ringtrain.engine import agreement as agreement_module
+    from ringtrain.engine import cycle_agreement as agreement_module
     # a rank lagging on a loaded machine hands its requests to the coordinator after HANDOVER_S; not what we test
     monkeypatch.setattr(agreement_module, "HANDOVER_S", 60.0)
     agreement = state.engine().agreement
@@ -65,7 +65,7 @@ def test_steady_state_needs_no_coordinator_on_one_node(monkeypatch):
 def test_steady_state_agrees_on_cache_ids_past_the_first_bitmap_word(monkeypatch):
     """Ids 64 and up live in later words of the ready bitmap: many names in flight at once must still agree in
     the fast path, and each must get its own sum."""
-    from ringtrain.engine import agreement as agreement_module
+    from ringtrain.engine import cycle_agreement as agreement_module
     monkeypatch.setattr(agreement_module, "HANDOVER_S", 60.0)
     agreement = state.engine().agreement
     if not hasattr(agreement, "_slow_cycle"):
@@ -109,7 +109,7 @@ def test_a_grouped_allreduce_is_one_request():
 def test_repeated_small_allreduce_reduces_eagerly_in_the_agreement_cycle(dtype, op, monkeypatch):
     """The second call of a cached small allreduce travels with the agreement cycle (no transport call) and must
     still equal numpy: distinct per-rank inputs, every op, in place and out of place."""
-    from ringtrain.engine import agreement as agreement_module
+    from ringtrain.engine import cycle_agreement as agreement_module
     from ringtrain.ops import DTYPES
     if getattr(rt, op) is rt.Product and dtype in ("uint8", "float16", "bfloat16"):
         pytest.skip("products of small integers overflow uint8 / lose precision in 16-bit floats")

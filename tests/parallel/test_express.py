@@ -187,7 +187,7 @@ def test_past_the_slots_the_express_cycle_runs_the_transport(outcomes, monkeypat
 def test_ranks_with_and_without_their_array_in_the_window_take_one_path(monkeypatch):
     """Past SHARED_EAGER_BYTES an array in the shm window does not travel eagerly but a private one does: when the
     ranks differ, the private ranks see a rank without data in the slots and every rank runs the transport."""
-    from ringtrain.engine import agreement
+    from ringtrain.engine import cycle_agreement as agreement
     monkeypatch.setattr(agreement, "SHARED_EAGER_BYTES", 8 << 10)
     n = 4099                                       # 16 KB of float32: past the (patched) limit, inside a slot
     x = inputs(n, 8)

@@ -83,7 +83,7 @@ def test_allgather_reducescatter_broadcast_above_the_hierarchy_threshold(dtype_n
 def test_agreement_cycles_cross_the_split_as_messages(monkeypatch):
     """No agreement window spans two pretend nodes either: cached collectives agree by cycle messages, and the
     steady state needs no coordinator (the slow path only for the first sighting)."""
-    from ringtrain.engine import agreement as agreement_module
+    from ringtrain.engine import cycle_agreement as agreement_module
     from ringtrain.engine.cycle_exchange import MessageExchange
     monkeypatch.setattr(agreement_module, "HANDOVER_S", 60.0)     # a lagging rank on a loaded machine: not tested
     agreement = state.engine().agreement
