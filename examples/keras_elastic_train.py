@@ -68,6 +68,10 @@ def main():
             else:
                 yield x_train[:1], y_train[:1], np.zeros(1, np.float32)
 
+    def next_epoch(epoch):
+        sampler.set_epoch(epoch + 1)
+        state.sampler_state = sampler.state_dict()
+
     class RecordBatches(keras.callbacks.Callback):
         def on_batch_begin(self, batch, logs=None):
             if args.demo_kill == hvd.rank() and state.epoch == 2 and batch == 2 and hvd.size() > 1:
@@ -80,8 +84,7 @@ def main():
                 time.sleep(args.demo_pace)
 
         def on_epoch_end(self, epoch, logs=None):
-            sampler.set_epoch(epoch + 1)
-            state.sampler_state = sampler.state_dict()
+            next_epoch(epoch)
 
     callbacks = [RecordBatches(), hvd.elastic.UpdateEpochStateCallback(state),
                  hvd.elastic.CommitStateCallback(state, batches_per_commit=args.commit_every)]
@@ -90,8 +93,12 @@ def main():
     def train(state):
         sampler.load_state_dict(state.sampler_state)        # the record handed over, dealt over this world
         while state.epoch < args.epochs:
-            model.fit(batches(), steps_per_epoch=sampler.steps(args.batch_size), initial_epoch=state.epoch,
-                      epochs=state.epoch + 1, callbacks=callbacks, verbose=0)
+            if sampler.steps(args.batch_size):
+                model.fit(batches(), steps_per_epoch=sampler.steps(args.batch_size), initial_epoch=state.epoch,
+                          epochs=state.epoch + 1, callbacks=callbacks, verbose=0)
+            else:       # the world changed after the epoch's last batch, before fit could end the epoch
+                next_epoch(state.epoch)
+                state.epoch += 1
             state.commit()
             _, accuracy = model.evaluate(x_test, y_test, verbose=0)
             if hvd.rank() == 0:

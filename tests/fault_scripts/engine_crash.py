@@ -34,7 +34,7 @@ if rt.rank() == victim:
     if where == "executor":
         plant(engine.executor, "run", lambda action, reqs: "grad.step3" in action.names)
     else:
-        plant(engine.agreement, "poll", lambda: "grad.step3" in engine.requests)
+        plant(engine.agreement, "poll", lambda *_: "grad.step3" in engine.requests)   # poll(lazy)
 
 x = np.ones(1 << 20, np.float32)     # 4 MB: past the agreement's eager slots, so the transport runs it
 try:
