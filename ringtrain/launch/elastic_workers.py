@@ -80,7 +80,7 @@ class WorkerProcesses:
         # MPI_Isend: after the failed send it writes to the request it never created), and a send can leave before
         # the driver's word of the death arrives; its ofi module returns an error. Measured here: ofi's allreduces
         # are faster between the separately started processes of an elastic world; ofi moves data only inside MPI
-        # calls, so the engine's waits probe MPI in elastic worlds (CoordinatorAgreement.progress).
+        # calls, so the engine's waits probe MPI in elastic worlds (engine/control.py, ControlChannel.progress).
         env.setdefault("MPIR_CVAR_CH4_NETMOD", "ofi")
         # libfabric's tcp provider named alone (not the default pick, which layers it under the rxm utility
         # provider): a survivor's pending operation with a worker that died then simply never completes (the
