@@ -1,0 +1,169 @@
+"""The grouped allreduce: several arrays as one collective (one name, one agreement, one bucket).
+
+    results = allreduce(arrays, op, name, prescale_factor, postscale_factor, outs, process_set)   # synchronous
+    handle = start(arrays, op, name, prescale_factor, postscale_factor, outs, sync, process_set)   # a Handle
+
+collectives.grouped_allreduce / grouped_allreduce_async are the public face (they also route op=Adasum, which is
+not this module's). A recurring small synchronous group of numpy arrays has an ExpressPlan in the engine's memo
+(express_memo.py) and takes one express cycle; anything else becomes one request per (dtype, device).
+"""
+import numpy as np
+
+from ..engine.fusion import HOST_OPS, ops_for
+from ..engine.handle import Handle
+from .group_handles import MixedGroupHandle
+from ..engine.express_memo import ExpressPlan
+from ..engine.model import Meta, express_eligible
+from ..ops import as_op, check_op_dtype
+from .routing import route
+from .submission import call_name as _name, check_array as _check_array, device_of as _device_of
+from ..engine.request import Request
+from ..transports.segments import Segments
+
+
+def allreduce(arrays, op, name, prescale_factor, postscale_factor, outs, process_set):
+    """collectives.grouped_allreduce for any op but Adasum (`op` a ReduceOp)."""
+    to = route(process_set)
+    arrays = list(arrays)
+    name = _name("grouped_allreduce", name, to) if arrays else name
+    # a recurring group of numpy arrays (the same name, op, scales, dtypes and shapes) has an ExpressPlan in the
+    # engine's memo (express_memo.py): packed into one array, one express cycle, the results views of it
+    # (plans are made for C-contiguous groups only: a key with a non-contiguous array never hits one)
+    signature = tuple([(a.dtype, a.shape, a.flags.c_contiguous) for a in arrays if a.__class__ is np.ndarray])
+    key = (name, op, float(prescale_factor), float(postscale_factor), signature)
+    memo = to.engine.memo
+    plan = memo.get(key) if outs is None and len(signature) == len(arrays) > 1 else None
+    if plan is not None:
+        return _planned_group(to.engine, plan, arrays)
+    results = start(arrays, op, name, prescale_factor, postscale_factor, outs, True, process_set).wait()
+    if outs is None and len(signature) == len(arrays) > 1 and len({dtype for dtype, _, _ in signature}) == 1:
+        meta, eligible, packed = _group_meta(op, arrays[0].dtype, "cpu", prescale_factor, postscale_factor,
+                                             tuple(a.size for a in arrays))
+        if packed:
+            memo.put(key, ExpressPlan(name, meta, group=_layout(arrays)))
+    return results
+
+
+def _layout(arrays):
+    """Where each array of a packed group lies in the packed array: (slice, shape) in order; the shape None for a
+    1-D array (its slice of the packed array is its result as it is)."""
+    layout, offset = [], 0
+    for a in arrays:
+        layout.append((slice(offset, offset + a.size), a.shape))
+        offset += a.size
+    return tuple([(part, None if len(shape) == 1 else shape) for part, shape in layout])
+
+
+def _planned_group(eng, plan, arrays):
+    """A recurring small synchronous grouped allreduce (see grouped_allreduce): one packed array, the express cycle
+    (or, when the cycle says otherwise, an ordinary request on the same packed array: every rank makes the same
+    transport call either way), and the results as views of the packed array (no unpacking copy)."""
+    packed = np.concatenate(arrays) if plan.flat else np.concatenate(arrays, axis=None)
+    done = eng.express(plan.name, plan.meta, packed, packed, None, plan)
+    if done is None:
+        done = Handle((plan.name,), eng.drive)
+        eng.run(Request(plan.name, plan.meta, (packed,), (packed,), done, HOST_OPS, plan=plan))
+    if done is not True:
+        done.wait()
+    return [packed[part] if shape is None else packed[part].reshape(shape) for part, shape in plan.group]
+
+
+def start(arrays, op, name, prescale_factor, postscale_factor, outs, sync, process_set):
+    """The grouped allreduce as requests (one per dtype and device; sync: run on this thread): its Handle."""
+    to = route(process_set)
+    op = as_op(op)
+    arrays = list(arrays)
+    if not arrays:
+        raise ValueError("grouped_allreduce needs at least one array")
+    eng = to.engine
+    name = _name("grouped_allreduce", name, to)
+    outs = list(outs) if outs is not None else [None] * len(arrays)
+    if len(outs) != len(arrays):
+        raise ValueError(f"grouped_allreduce {name!r} got {len(arrays)} arrays but {len(outs)} outs")
+    kinds = {}                       # (dtype, device) -> positions: one request per kind, usually exactly one
+    for i, a in enumerate(arrays):
+        kinds.setdefault((a.dtype, _check_array(a, "grouped_allreduce %r tensor %d", name, i)), []).append(i)
+    if len(kinds) == 1:
+        return _group_request(eng, name, arrays, outs, op, prescale_factor, postscale_factor, sync)
+    parts = [(positions, _group_request(eng, f"{name}.{dtype}.{device}", [arrays[i] for i in positions],
+                                        [outs[i] for i in positions], op, prescale_factor, postscale_factor, sync))
+             for (dtype, device), positions in sorted(kinds.items(), key=lambda kv: kv[1][0])]
+    return MixedGroupHandle(len(arrays), parts)
+
+
+def _group_request(eng, name, arrays, outs, op, prescale_factor, postscale_factor, sync):
+    """One request for arrays of one dtype on one device."""
+    device = _device_of(arrays[0])
+    ops = ops_for(device)
+    dtype = arrays[0].dtype
+    # one pass of cheap checks per tensor: this loop is the whole per-tensor cost of a bucket
+    sizes = []
+    for i, (a, o) in enumerate(zip(arrays, outs)):
+        if o is None:
+            o = outs[i] = ops.empty(a.shape, dtype)
+        elif o.shape != a.shape or o.dtype != dtype or not o.flags.c_contiguous:
+            raise ValueError(f"grouped_allreduce {name!r}: out {i} has shape {o.shape} {o.dtype}, input "
+                             f"{a.shape} {dtype} (outs must match and be C-contiguous)")
+        sizes.append(a.size)
+    meta, eligible, packed = _group_meta(op, dtype, device, prescale_factor, postscale_factor, tuple(sizes))
+    if sync and len(arrays) > 1 and eligible:
+        # as allreduce(): with nothing else in flight, one agreement cycle on this thread. A small group is packed
+        # into one array, which travels in the cycle's slots as one small allreduce does (the cycle is then the only
+        # synchronisation; a copy of a few KB costs far less than the transport's own barriers); a larger one is
+        # read and written by the transport where it lies (Segments), with no pack or unpack at all
+        if packed:
+            return _packed_express(eng, name, meta, arrays, outs, sizes)
+        source = Segments(arrays)
+        in_place = all(o is a for o, a in zip(outs, arrays))
+        done = eng.express(name, meta, source, source if in_place else Segments(outs))
+        if done is True:
+            handle = Handle((name,), eng.drive)
+            handle._set_result(list(outs))
+            return handle
+        if done is not None:
+            return done
+    handle = Handle((name,), eng.drive)
+    request = Request(name, meta, arrays, outs, handle, ops, ops.ready_event(), grouped=True)
+    eng.run(request) if sync else eng.submit(request)
+    return handle
+
+
+GROUP_PACK_BYTES = 64 << 10     # a synchronous grouped allreduce up to this size is packed for the express path
+_group_metas = {}               # (op, dtype, device, scales, sizes) -> (Meta, express eligible, packed): a step's
+                                # groups recur, and a Meta built per call costs more than the cycle's own work
+
+
+def _group_meta(op, dtype, device, prescale_factor, postscale_factor, sizes):
+    """(Meta, express eligible, packed) of a grouped allreduce of arrays of `sizes` elements (one dtype, one device):
+    made once per distinct group (as _meta() does for single arrays)."""
+    key = (int(op), dtype, device, float(prescale_factor), float(postscale_factor), sizes)
+    hit = _group_metas.get(key)
+    if hit is None:
+        meta = Meta(kind="allreduce", dtype=check_op_dtype(op, dtype), shape=(sum(sizes),), op=int(op),
+                    device=device, scales=key[3:5], parts=sizes)
+        eligible = express_eligible(meta)
+        if len(_group_metas) > 4096:
+            _group_metas.clear()
+        hit = _group_metas[key] = (meta, eligible, eligible and meta.nbytes <= GROUP_PACK_BYTES)
+    return hit
+
+
+def _packed_express(eng, name, meta, arrays, outs, sizes):
+    """A small synchronous grouped allreduce as one packed array: express, or an ordinary request when the express
+    path does not apply. Every rank packs (the choice depends on the agreed metadata alone), so every rank makes the
+    same transport call whichever path each takes (the executor's invariant)."""
+    packed = np.concatenate([a.reshape(-1) for a in arrays])
+    done = eng.express(name, meta, packed, packed)
+    if done is None:
+        handle = Handle((name,), eng.drive)
+        eng.run(Request(name, meta, (packed,), (packed,), handle, HOST_OPS))
+        done = handle
+    if done is not True:
+        done.wait()
+    offset = 0
+    for out, n in zip(outs, sizes):
+        out.reshape(-1)[...] = packed[offset:offset + n]
+        offset += n
+    handle = Handle((name,), eng.drive)
+    handle._set_result(list(outs))
+    return handle
