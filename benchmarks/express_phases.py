@@ -49,6 +49,7 @@ class Stamps:
 
     def wrap(self, owner, attr, key):
         original = getattr(owner, attr)
+        own = attr in getattr(owner, "__dict__", {})     # an instance's own attribute (not a method): put it back
         total = self.total
 
         def stamped(*args, **kwargs):
@@ -58,7 +59,7 @@ class Stamps:
             finally:
                 total[key] += time.perf_counter_ns() - t0
         setattr(owner, attr, stamped)
-        self.undo.append((owner, attr, original))
+        self.undo.append((owner, attr, original, own))
 
     def install(self, engine):
         import ringtrain.ops as ops
@@ -72,13 +73,14 @@ class Stamps:
         self.wrap(exchange, "_fill", "fill")
         self.wrap(exchange, "publish", "publish")
         self.wrap(exchange, "gather", "gather")
-        self.wrap(exchange, "express", "native")
+        if agreement._native is not None:     # the compiled function itself, whichever path calls it
+            self.wrap(agreement._native, "_call", "native")
         self.wrap(engine.executor, "express", "executor")
         self.wrap(ops, "scale_into", "scale")
 
     def remove(self):
-        for owner, attr, original in reversed(self.undo):
-            if isinstance(owner, type(sys)):      # a module's function: put it back
+        for owner, attr, original, own in reversed(self.undo):
+            if own or isinstance(owner, type(sys)):     # a module's function or an instance's own: put it back
                 setattr(owner, attr, original)
             else:                                 # an instance's bound method: drop the instance attribute
                 delattr(owner, attr)

@@ -56,20 +56,17 @@ class CommStats:
                 stats = self._ops[op_kind] = _OpStats(seed=len(self._ops))
             stats.add(nbytes, seconds)
 
-    def record_allreduce(self, nbytes, seconds):
-        """record("allreduce", nbytes, seconds) for an int and a float, add()'s common case inline: the express path
-        records every small allreduce, where each Python call is a visible share of the call's cost."""
+    def op(self, op_kind):
+        """The counts of one op kind (made when missing), for a writer that adds to them directly (add(nbytes: int,
+        seconds: float)) without this object's lock: the express path, once per small synchronous allreduce,
+        where each Python call is a visible share of its cost. Safe because every writer holds its engine's
+        progress lock (the executor records inside a pass, the express path inside its cycle), so writers never
+        overlap; a reader (local(), under the lock) sees at worst one collective counted and not yet timed."""
         with self._lock:
-            stats = self._ops.get("allreduce")
+            stats = self._ops.get(op_kind)
             if stats is None:
-                stats = self._ops["allreduce"] = _OpStats(seed=len(self._ops))
-            if len(stats.samples) < RESERVOIR_SIZE:
-                stats.count += 1
-                stats.nbytes += nbytes
-                stats.seconds += seconds
-                stats.samples.append(seconds)
-            else:
-                stats.add(nbytes, seconds)
+                stats = self._ops[op_kind] = _OpStats(seed=len(self._ops))
+            return stats
 
     def local(self):
         """{op_kind: {"count", "bytes", "seconds", "samples"}} of this rank: what summary() gathers."""

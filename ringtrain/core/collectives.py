@@ -23,6 +23,7 @@ from .routing import route
 from .submission import (call_name as _name, check_array as _check_array, describe as _describe,
                          device_of as _device_of, enqueue as _enqueue, submit as _submit)
 from ..engine.request import Request
+from ..engine.result_pool import ALIGNED_BYTES
 
 
 # ------------------------------------------------------------------------------------------------ allreduce
@@ -78,8 +79,9 @@ def _allreduce_plan(to, name, op, array, prescale_factor, postscale_factor):
     the key (name -- an unnamed call's slot --, op, dtype, shape, scales): its plan comes from the engine's memo
     (express_memo.py) with no Meta built or hashed; the first call of a key describes it (and checks it) as every
     other collective does, and keeps a plan when the express path can take it."""
-    name = _name("allreduce", name, to)
-    if type(array) is not np.ndarray:
+    if name.__class__ is not str or not name:      # (a named call's name is itself: no call)
+        name = _name("allreduce", name, to)
+    if array.__class__ is not np.ndarray:
         name, meta = _describe("allreduce", array, name, to, op=op, scales=(prescale_factor, postscale_factor),
                                op_obj=op)
         return name, meta, None
@@ -95,7 +97,10 @@ def _allreduce_plan(to, name, op, array, prescale_factor, postscale_factor):
 
 def _allreduce_out(array, out):
     if out is None:
-        if type(array) is np.ndarray:
+        if array.__class__ is np.ndarray:
+            # small results are plain np.empty arrays (the pool's own rule below ALIGNED_BYTES), made here directly
+            if array.nbytes < ALIGNED_BYTES:
+                return np.empty(array.shape, array.dtype)
             return HOST_OPS.results.empty(array.shape, array.dtype)
         return ops_for(_device_of(array)).empty(array.shape, array.dtype)
     if out.shape != array.shape or out.dtype != array.dtype:

@@ -39,6 +39,7 @@ from ..transports.segments import Segments
 _WANTS_COORDINATOR = 1      # this rank has first sightings, join/shutdown, or a request pending too long
 _COORDINATOR_BUSY = 2       # rank 0: the Coordinator still holds undecided requests or joined ranks
 SHARED_EAGER_BYTES = 512 << 10  # an array in the transport's shared window is eager only up to this
+_SPIN_NS = int(native_cycle.SPIN_S * 1e9)    # the native call's bounded spin
 HANDOVER_S = 0.5            # a cached request not ready everywhere for this long goes to the Coordinator, which
                             # names the missing ranks in its stall warnings and errors
 
@@ -199,6 +200,26 @@ class CycleAgreement(CoordinatorAgreement):
             if plan.generation != self.cache.updates:
                 self._read_plan(plan)
             cid, how = plan.cid, plan.how
+            native = self._native
+            # the usual call: cached, natively reduced, small enough for a slot wherever it lies (plan.native),
+            # with C-contiguous buffers (a plan's array is; `out` may be the caller's): the compiled cycle straight
+            if plan.native and native is not None and (out is array or out.flags.c_contiguous):
+                c = self._cycle + 1
+                coordinator = self.coordinator
+                flags = (_COORDINATOR_BUSY if coordinator is not None and (coordinator.pending or coordinator.joined)
+                         else 0)
+                self._exchange._parity = c & 1
+                start = time.perf_counter()
+                outcome = native._call(native._ctx, c, flags, cid, self._words, array, out, how[0], how[1], how[2],
+                                       _SPIN_NS)
+                if outcome == native_cycle.DONE:
+                    return self._native_done(c, cid)
+                if outcome == native_cycle.NOT_YET:
+                    self._exchange.gather(c, start)
+                bit = 1 << cid
+                c, flags, ready = self._read_snapshot(c, flags, bit)
+                return self._express_outcome(name, meta, cid, bit, array, out, make_request, (cid, array), c, flags,
+                                             ready)
         if cid is None:
             return None
         bit = 1 << cid
@@ -215,6 +236,10 @@ class CycleAgreement(CoordinatorAgreement):
             c, flags, ready = c
         else:
             c, flags, ready = self._exchange_slots(0, bit, eager)
+        return self._express_outcome(name, meta, cid, bit, array, out, make_request, eager, c, flags, ready)
+
+    def _express_outcome(self, name, meta, cid, bit, array, out, make_request, eager, c, flags, ready):
+        """express() after its cycle c was gathered and read (flags, ready): its Collective, or its request's."""
         if not flags and ready:
             if self._touch is not None:
                 self._touch(cid)
@@ -228,9 +253,12 @@ class CycleAgreement(CoordinatorAgreement):
         return self._slow_cycle(c) if flags else self._fast_actions(ready)
 
     def _read_plan(self, plan):
-        """Fill an ExpressPlan from the cache as it is now (see express_memo.py)."""
+        """Fill an ExpressPlan from the cache as it is now (see express_memo.py). plan.native: the compiled cycle
+        takes it whole -- cached, a dtype and op it reduces, and eager wherever its array lies (a slot holds it, and
+        it is no larger than SHARED_EAGER_BYTES, so that the transport's window does not matter)."""
         plan.cid = cid = self.cache.get((plan.name, plan.meta))
-        plan.how = False if cid is None else self._how(cid, plan.meta)
+        plan.how = how = False if cid is None else self._how(cid, plan.meta)
+        plan.native = bool(how) and 0 < plan.nbytes <= min(self._eager_bytes, SHARED_EAGER_BYTES)
         plan.generation = self.cache.updates
 
     def _how(self, cid, meta):
@@ -254,15 +282,21 @@ class CycleAgreement(CoordinatorAgreement):
         start = time.perf_counter()
         outcome = exchange.express(c, flags, cid, self._words, array, out, how)
         if outcome == native_cycle.DONE:
-            self._cycle = c
-            if self._touch is not None:
-                self._touch(cid)
-            if self.stragglers is not None and self.stragglers.waiting:
-                self.stragglers.after_cycle(c, bit, bit, 0, None, self._words)
-            return True
+            return self._native_done(c, cid)
         if outcome == native_cycle.NOT_YET:
             exchange.gather(c, start)
         return self._read_snapshot(c, flags, bit)
+
+    def _native_done(self, c, cid):
+        """The native cycle c reduced `cid` (DONE): this rank is past cycle c. True."""
+        self._cycle = c
+        if self._touch is not None:
+            self._touch(cid)
+        stragglers = self.stragglers
+        if stragglers is not None and stragglers.waiting:
+            bit = 1 << cid
+            stragglers.after_cycle(c, bit, bit, 0, None, self._words)
+        return True
 
     def _fast_actions(self, ready):
         """The ids ready on every rank, in id order: single actions first, then allreduces fused into buckets.

@@ -73,6 +73,7 @@ class Engine:
         # what the job is doing: the flight recorder, straggler scores, counts of failures (observer.py)
         self.observer = Observer(self.ctrl, topology, config, self.agreement, lambda: self.executor.timeline)
         self.recorder = self.observer.recorder
+        self._express_stats = self.executor.stats.op("allreduce")    # the express path's counts (stats.py)
         self.requests = {}              # name -> Request taken from the queue, not yet run (progress lock)
         self.memo = ExpressMemo()       # recurring synchronous allreduces' plans (express_memo.py; the callers')
         self._running = ()              # the requests of the collective being executed
@@ -82,6 +83,7 @@ class Engine:
         self._state_lock = self.intake.lock
         self._progress_lock = threading.Lock()
         self.failed = None              # a fatal RingtrainError: every later call raises it
+        self.closed = False             # failed, shutting down or finished: one word for the express path to read
         self.express_end = 0.0          # perf_counter time the last express call finished (see _pass)
         self.join_handle = None
         self.shutdown_requested = False
@@ -185,7 +187,7 @@ class Engine:
 
     def shutdown(self, timeout):
         with self._state_lock:
-            self.shutdown_requested = True
+            self.shutdown_requested = self.closed = True
         self.intake.flush()
         self.intake.put(("shutdown", None))
         self.driver.until(self.finished.is_set, time.monotonic() + timeout)
@@ -267,28 +269,28 @@ class Engine:
                 or (plan is None and not express_eligible(meta) and (self.size > 1 or meta.device != "cpu"))):
             return None
         lock = self._progress_lock
-        if not lock.acquire(blocking=False):
+        if not lock.acquire(False):
             return None
         entry = None
         try:
-            if (self.failed is not None or self.shutdown_requested or self.finished.is_set() or self.requests
-                    or not self.intake.queue.empty()):
+            # (closed: failed, shutting down or finished; the queue: a submission from another thread)
+            if self.closed or self.requests or not self.intake.queue.empty():
                 return None
             start = time.perf_counter()
             entry = self.recorder.begin(name, meta, start if held is None else held.times["submitted"])
-            make_request = self._express_request if held is None else partial(self._express_request, held=held)
-            outcome = self.agreement.express(name, meta, array, out, make_request, plan)
-            if outcome is None:
-                self.recorder.retract(entry)
-                return None
-            if outcome is True or isinstance(outcome, Collective):     # agreed in its own cycle: this array alone
+            outcome = self.agreement.express(name, meta, array, out, self._express_request if held is None
+                                             else partial(self._express_request, held=held), plan)
+            if outcome is True or outcome.__class__ is Collective:     # agreed in its own cycle: this array alone
                 if outcome is not True:             # True: the native cycle reduced it already (native_cycle.py)
                     self.executor.express(outcome, array, out)
                 end = self.express_end = time.perf_counter()
-                self.executor.stats.record_allreduce(array.nbytes, end - start)
+                self._express_stats.add(array.nbytes, end - start)    # (progress lock held: see CommStats.op)
                 if entry is not None:
                     entry[FINISHED] = end
                 return True
+            if outcome is None:
+                self.recorder.retract(entry)
+                return None
             handle = self.requests[name].handle
             flight_recorder.attach(entry, handle)
             self._execute(outcome)
@@ -434,6 +436,7 @@ class Engine:
         with self._state_lock:
             if self.failed is None:
                 self.failed = error
+            self.closed = True
         for req in self._running:   # the collective that was running: already taken off self.requests
             if req is not None:
                 req.handle._set_error(error)
@@ -459,6 +462,7 @@ class Engine:
         for name in list(self.requests):
             self._complete_error(name, error)
         self.executor.finish(self.ctrl)
+        self.closed = True
         self.finished.set()
         self.wake.set()
 
@@ -473,7 +477,7 @@ class Engine:
         wait ends with `error` on the engine's own thread (the watchdog's abort), so pending requests and the join
         handle get it, and the thread stops. Nothing is freed: freeing is collective, and a peer is gone."""
         with self._state_lock:
-            self.shutdown_requested = True
+            self.shutdown_requested = self.closed = True
         self.abort(str(error))
         if not self.finished.wait(timeout):     # no pass noticed in time: fail it from here
             locked = self._progress_lock.acquire(timeout=timeout)
