@@ -45,6 +45,38 @@ def test_to_array_of_parameter_writes_through():
     assert p.detach().tolist() == [7.0] * 4
 
 
+def test_a_kept_host_view_is_reused_only_while_it_is_true():
+    """functions.host_array keeps a contiguous CPU tensor's numpy view; a tensor moved to new memory, viewed as
+    another dtype, resized in place, restrided to the same shape or dead never gets the old view."""
+    import gc
+    from ringtrain.torch import host_views
+
+    def same(t):                # the view host_array returns is t's memory, dtype and shape now
+        a = functions.host_array(t)
+        assert a.ctypes.data == t.data_ptr() and a.shape == tuple(t.shape), (a.shape, t.shape)
+        assert a.dtype == functions.to_array(t).dtype
+        return a
+
+    t = torch.arange(16, dtype=torch.float32)
+    first = same(t)
+    assert functions.host_array(t) is first              # kept: no new view
+    t.data = torch.zeros(16)                             # new memory
+    assert same(t) is not first
+    t.data = t.data.view(torch.int32)                    # the same memory as another dtype (same itemsize)
+    assert same(t).dtype == np.int32
+    t.resize_(8)                                         # the same memory, fewer elements
+    assert same(t).shape == (8,)
+    m = torch.arange(16, dtype=torch.float64).reshape(4, 4)
+    same(m)
+    m.as_strided_((4, 4), (1, 4))                        # the same memory and shape, transposed
+    assert host_views.view(m) is None
+    np.testing.assert_array_equal(functions.host_array(m), m.numpy())
+    key = id(t)
+    del t, first
+    gc.collect()
+    assert key not in host_views._views                  # dropped with its tensor
+
+
 def test_to_array_rejects_non_tensors():
     with pytest.raises(TypeError, match="expected a torch.Tensor"):
         functions.to_array(np.zeros(3))
