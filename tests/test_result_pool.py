@@ -104,19 +104,40 @@ def test_results_from_the_aligned_size_up_start_on_a_cache_line(nbytes):
         assert address(again) == where, "a dropped kept block is handed out again"
 
 
-def test_slab_arrays_are_aligned_and_never_share_bytes():
-    """Small eager results for TF and JAX are cut from shared blocks: each aligned, each its own bytes (written
-    with its own value, every earlier one still holds its value), blocks kept alive by the arrays cut from them."""
-    from ringtrain.aligned import Slab
-    slab = Slab(64, block_bytes=4096)
+def test_small_results_are_aligned_rows_never_handed_out_twice():
+    """Small eager results for TF and JAX are rows of shared blocks: each aligned, C-contiguous, of the asked shape
+    and dtype, each its own bytes (written with its own value, every earlier one still holds its value), blocks
+    kept alive by the rows cut from them; larger ones their own allocation."""
+    from ringtrain.aligned import Results
+    results = Results(64, largest=1024)
     kinds = [((3,), np.float32), ((), np.float64), ((0,), np.int8), ((5, 7), np.int16), ((16,), np.float32),
-             ((256,), np.float32), ((1024,), np.uint8), ((300,), np.float64)]       # the last: past a quarter block
+             ((256,), np.float32), ((1024,), np.uint8), ((300,), np.float64)]       # the last: past `largest`
     held = []
-    for i, (shape, dtype) in enumerate(kinds * 20):
-        a = slab.empty(shape, dtype)
+    for i, (shape, dtype) in enumerate(kinds * 40):
+        a = results.empty(shape, dtype)
         assert a.shape == shape and a.dtype == dtype and a.flags.c_contiguous and a.flags.writeable
         assert address(a) % 64 == 0, (shape, dtype)
         a[...] = i % 100
         held.append((i % 100, a))
     for value, a in held:
         assert (a == value).all()
+
+
+def test_rows_taken_by_many_threads_at_once_are_all_distinct():
+    import threading
+    from ringtrain.aligned import Rows
+    rows = Rows((16,), np.float32, 64, block_bytes=4096)      # 64 rows a block: many refills race
+    taken = [[] for _ in range(4)]
+    start = threading.Barrier(4)
+
+    def take(mine):
+        start.wait()
+        for _ in range(3000):
+            mine.append(rows.take())
+    threads = [threading.Thread(target=take, args=(mine,)) for mine in taken]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    addresses = [address(a) for mine in taken for a in mine]
+    assert len(set(addresses)) == len(addresses) == 12000, "a row was handed out twice"

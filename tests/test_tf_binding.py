@@ -119,3 +119,20 @@ def test_host_call_moves_no_bytes(tf):
     assert seen["owns its data"] is False
     assert np.from_dlpack(out).ctypes.data == result.ctypes.data
     np.testing.assert_array_equal(out.numpy(), result)
+
+
+def test_host_view_is_a_read_only_view_of_the_tensor(tf):
+    """The eager fast path reads a CPU tensor through host_view: TF's own buffer (no copy), every dtype the core
+    takes (bfloat16 too, as ml_dtypes.bfloat16), 0-d as a 0-d array, and never writable (TF tensors are immutable)."""
+    import ml_dtypes
+    from ringtrain.tensorflow import arrays
+    for value, dtype in ((np.arange(12.0).reshape(3, 4), tf.float32), ([1.5, -2.0], tf.bfloat16), (7, tf.int64),
+                         ([True, False], tf.bool)):
+        t = tf.constant(value, dtype=dtype)
+        view = arrays.host_view(t)
+        assert type(view) is np.ndarray and view.shape == tuple(t.shape) and not view.flags.writeable
+        assert view.dtype == (np.dtype(ml_dtypes.bfloat16) if dtype == tf.bfloat16 else dtype.as_numpy_dtype)
+        np.testing.assert_array_equal(view.astype(np.float64), t.numpy().astype(np.float64))
+        if view.ndim:
+            assert view.ctypes.data == np.from_dlpack(tf.bitcast(t, tf.int16) if dtype == tf.bfloat16
+                                                      else t).ctypes.data, "host_view copied"

@@ -10,13 +10,16 @@ Gradient (Horovod's rule, ringtrain.reducer.gradient_rules): the cotangent allre
 import dataclasses
 
 import jax
+import numpy as np
+from jax._src.array import ArrayImpl
 
 from ringtrain.core import collectives
 from ringtrain.ops import ReduceOp, resolve_op
 from ringtrain.core.process_sets import ProcessSet, global_process_set
 
 from . import gradients
-from .arrays import Wire, aligned_empty, check_reduction, check_scales, result_empty, to_jax, to_numpy
+from .arrays import (Wire, adopt, aligned_empty, aval_of, check_reduction, check_scales, is_plain, result_empty,
+                     to_jax, to_numpy)
 from .host_call import collective_primitive, differentiable, same_avals
 from .naming import collective_name
 
@@ -75,6 +78,16 @@ def allreduce(tensor, op=None, name=None, prescale_factor=1.0, postscale_factor=
               average=None, compression=None):
     """Reduce `tensor` (a jax.Array or anything jnp.asarray takes) over the set's ranks; default op Average
     (integers: floor). `compression` (e.g. Compression.fp16) casts it for the wire and back. Differentiable."""
+    if type(tensor) is _ARRAY and compression is None:
+        # a concrete array (a Tracer is another type): the core's synchronous call on a read-only view of it, the
+        # result a 64-byte-aligned row XLA adopts without a copy, for every dtype the core reduces as it is (the
+        # core checks op and dtype: one rule for every binding)
+        array = np.asarray(tensor)
+        if is_plain(array.dtype) and array.flags.c_contiguous:
+            out = result_empty(array.shape, array.dtype) if array.nbytes < POOLED_BYTES else None
+            result = collectives.allreduce(array, resolve_op(op, average, adasum=True), name, float(prescale_factor),
+                                           float(postscale_factor), out, process_set)
+            return adopt(result, aval_of(array.shape, array.dtype)) if result is out else to_jax(result)
     if not isinstance(tensor, jax.Array):
         tensor = jax.numpy.asarray(tensor)
     if not isinstance(tensor, jax.core.Tracer):
@@ -87,6 +100,7 @@ def allreduce(tensor, op=None, name=None, prescale_factor=1.0, postscale_factor=
     return compression.decompress(reduced, ctx) if compression is not None else reduced
 
 
+_ARRAY = ArrayImpl     # jax's concrete array type (not made from an array: that would start JAX's backend at import)
 _REDUCIBLE = set()     # (dtype, op) pairs check_reduction passed
 
 
@@ -95,9 +109,10 @@ def _what(name):
 
 
 def _allreduce_eager(tensor, op, name, prescale_factor, postscale_factor, process_set, average, compression):
-    """A concrete array outside any trace (no jit, no grad: those see Tracers): the core's synchronous call on a
-    view of it, with no primitive, custom_vjp or callback around it. Unnamed calls take the core's recurring
-    unnamed names (cached, so they run express)."""
+    """A concrete array outside any trace (no jit, no grad: those see Tracers) that the fast path in allreduce did
+    not take (compressed, or a dtype with a wire view): the core's synchronous call on a view of it, with no
+    primitive, custom_vjp or callback around it. Unnamed calls take the core's recurring unnamed names (cached, so
+    they run express)."""
     op = resolve_op(op, average, adasum=True)
     wire, ctx = compression.compress(tensor) if compression is not None else (tensor, None)
     if (wire.dtype, op) not in _REDUCIBLE:      # checked once per pair (~1 us a call otherwise)

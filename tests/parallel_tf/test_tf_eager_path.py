@@ -52,3 +52,14 @@ def test_under_a_tape_the_gradient_is_recorded():
     grad = tape.gradient(loss, x)
     np.testing.assert_array_equal(grad.numpy(), hvd.size() * np.arange(6, dtype=np.float32))
     np.testing.assert_array_equal(y.numpy(), total(6, 0, hvd.size()))
+
+
+def test_a_captured_eager_tensor_in_a_function_is_reduced_by_the_graph():
+    """An EagerTensor a tf.function captures is still an EagerTensor while the function traces: its allreduce must
+    become the graph's collective (run by every call), not a constant reduced once at trace time."""
+    x = tf.constant(data(4, 0, hvd.rank()))
+    fn = tf.function(lambda: hvd.allreduce(x, op=hvd.Sum, name="tf.eager.captured"))
+    graph = fn.get_concrete_function().graph
+    assert any(op.name.startswith("ringtrain_") for op in graph.get_operations()), "reduced while tracing"
+    for _ in range(2):
+        np.testing.assert_array_equal(fn().numpy(), total(4, 0, hvd.size()))
