@@ -210,18 +210,12 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
     """Reduce `tensor` over all ranks (default: Average). tf.IndexedSlices are gathered (values and indices).
     device_dense / device_sparse are accepted for Horovod compatibility and ignored (results stay where TF puts
     them). `compression` casts the tensor for the wire and back."""
-    # an eager CPU tensor with no gradient tape recording and no compression: the core's synchronous call on a view
-    # of it, the result a row TF adopts (no do_not_convert wrapper, custom_gradient or host call per call)
+    # an eager CPU tensor with no gradient tape recording and no compression: the core's call on a view of it (no
+    # do_not_convert wrapper, custom_gradient or host call per call)
     if (type(tensor) is _EAGER_TENSOR and compression is _NO_COMPRESSION and not _could_record()
             and _context().executing_eagerly() and not arrays.is_gpu(tensor)):
-        array = arrays.host_view(tensor)
-        out = arrays.result_empty(array.shape, array.dtype) if array.nbytes < EAGER_POOLED_BYTES else None
-        try:
-            result = collectives.allreduce(array, resolve_op(op, average, adasum=True), name, prescale_factor,
-                                           postscale_factor, out, process_set)
-        except TensorMismatchError as e:         # Horovod's type (tf.errors.FailedPreconditionError), ours too
-            raise host_op.as_tf_error(e) from None
-        return arrays.adopt(result) if result is out else arrays.to_tensor(result)
+        return _reduce_view(arrays.host_view(tensor), resolve_op(op, average, adasum=True), prescale_factor,
+                            postscale_factor, name, process_set)
     if type(tensor) is not _EAGER_TENSOR and not isinstance(tensor, (tf.Tensor, tf.IndexedSlices)):
         tensor = tf.convert_to_tensor(tensor)      # lists, arrays, variables
     # any other eager tensor with no gradient tape recording: straight to the core too
@@ -231,9 +225,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
     return _allreduce(tensor, average, compression, op, prescale_factor, postscale_factor, name, process_set)
 
 
-_EAGER_TENSOR = EagerTensor
-_NO_COMPRESSION = Compression.none
-_could_record = record.could_possibly_record
+_EAGER_TENSOR, _NO_COMPRESSION, _could_record = EagerTensor, Compression.none, record.could_possibly_record
 _context = context.context         # tf.executing_eagerly() is this and a None check (~0.3 us more)
 # a tf.function's autograph calls allreduce unconverted, as it does a do_not_convert function
 autograph_api.autograph_artifact(allreduce)
@@ -253,20 +245,22 @@ def _allreduce(tensor, average, compression, op, prescale_factor, postscale_fact
 
 
 def _allreduce_eager(tensor, compression, op, prescale_factor, postscale_factor, name, process_set):
-    """Eagerly with no gradient tape recording (compressed, or a GPU tensor): the core's synchronous call on a view
-    of the tensor (its express path), with no custom_gradient and no host call around it. Unnamed calls take the
-    core's recurring unnamed names, as the other bindings' (cached, so they run express too)."""
+    """Eagerly with no gradient tape recording, compressed or a GPU tensor: as the fast path in allreduce."""
     wire, ctx = compression.compress(tensor)
-    array = arrays.to_array(wire)
-    # small results in 64-byte-aligned memory TF adopts without a copy; large ones from the core's result pool
+    reduced = _reduce_view(arrays.to_array(wire), op, prescale_factor, postscale_factor, name, process_set)
+    return compression.decompress(reduced, ctx)
+
+
+def _reduce_view(array, op, prescale_factor, postscale_factor, name, process_set):
+    """The eager call: the core's synchronous call (its express path) on a view of the tensor, with no
+    custom_gradient and no host call around it (unnamed calls take the core's recurring unnamed names); the result
+    in 64-byte-aligned memory TF adopts without a copy (small: a row of result_empty; large: the core's pool)."""
     out = arrays.result_empty(array.shape, array.dtype) if array.nbytes < EAGER_POOLED_BYTES else None
     try:
-        result = collectives.allreduce(array, op=op, name=name, prescale_factor=prescale_factor,
-                                       postscale_factor=postscale_factor, out=out, process_set=process_set)
+        result = collectives.allreduce(array, op, name, prescale_factor, postscale_factor, out, process_set)
     except TensorMismatchError as e:         # Horovod's type (tf.errors.FailedPreconditionError), ours too
         raise host_op.as_tf_error(e) from None
-    reduced = arrays.adopt(result) if result is out else arrays.to_tensor(result)
-    return compression.decompress(reduced, ctx)
+    return arrays.adopt(result) if result is out else arrays.to_tensor(result)
 
 
 @_no_autograph
