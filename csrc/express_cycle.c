@@ -13,6 +13,13 @@
  *     RT_ARRIVED  (2)  every rank published c, but the snapshot is not that one (or kind < 0: no native reduce):
  *                      the caller reads the slots and decides, exactly as after its own gather.
  *   The slot and published word are written in every outcome, so the caller never publishes again.
+ *
+ * express_group(ctx, c, flags, cid, words, members, sizes, out, kind, scale, divisor, spin_ns) -> int
+ *   express() of a small group: each member (a C-contiguous buffer, or an int address of sizes[i] bytes) is copied
+ *   straight into the slot's eager data, back to back (no packed input array), and `out` is one fresh packed buffer
+ *   of the group's total size. DONE: out holds the reduced group (its members' results are its slices). Any other
+ *   outcome: out holds the packed inputs (copied back from our own slot, which no peer writes), so the caller goes
+ *   on exactly as with a packed input array (`array is out`).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -140,7 +147,7 @@ static int rt_express(void *handle, int64_t c, int64_t flags, int64_t cid, int64
     header[3] = nbytes;
     uint64_t *bitmap = (uint64_t *)(mine + ctx->bitmap_offset);
     for (int64_t w = 0; w < words; w++) bitmap[w] = w == word ? bit : 0;
-    memcpy(mine + ctx->header_bytes, src, (size_t)nbytes);
+    if (src) memcpy(mine + ctx->header_bytes, src, (size_t)nbytes);   /* NULL: express_group filled it */
     /* publish: every store above happens-before a peer's acquire load that reads c */
     __atomic_store_n(ctx->published[rank], c, __ATOMIC_RELEASE);
 
@@ -236,11 +243,105 @@ static PyObject *py_express(PyObject *self, PyObject *const *args, Py_ssize_t na
     return PyLong_FromLong(outcome);
 }
 
+/* A small group's members copied back to back into dst (capacity bytes): the bytes copied, or -1 with an exception
+ * set. A member is a buffer (its length must be sizes[i]) or an int address the caller vouches for (sizes[i]
+ * readable bytes: a torch tensor's data_ptr, checked contiguous and on the CPU). */
+#define GROUP_MAX 1024
+static int64_t copy_members(PyObject *members, PyObject *sizes, char *dst, int64_t capacity) {
+    if (!PyTuple_Check(members) || !PyTuple_Check(sizes) || PyTuple_GET_SIZE(members) != PyTuple_GET_SIZE(sizes)
+        || PyTuple_GET_SIZE(members) > GROUP_MAX) {
+        PyErr_Format(PyExc_TypeError, "express_cycle: a group's members and sizes must be tuples of one length "
+                     "(at most %d)", GROUP_MAX);
+        return -1;
+    }
+    int64_t filled = 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(members); i++) {
+        PyObject *member = PyTuple_GET_ITEM(members, i);
+        long long want = PyLong_AsLongLong(PyTuple_GET_ITEM(sizes, i));
+        if (PyErr_Occurred()) return -1;
+        if (want < 0 || filled + want > capacity) {
+            PyErr_Format(PyExc_ValueError, "express_cycle: group member %zd's %lld bytes overrun the %lld of out", i,
+                         want, (long long)capacity);
+            return -1;
+        }
+        if (PyLong_Check(member)) {
+            const void *from = PyLong_AsVoidPtr(member);
+            if (PyErr_Occurred()) return -1;
+            if (want) memcpy(dst + filled, from, (size_t)want);
+        } else {
+            Py_buffer in;
+            if (PyObject_GetBuffer(member, &in, PyBUF_C_CONTIGUOUS) < 0) return -1;
+            if (in.len != want) {
+                PyErr_Format(PyExc_ValueError, "express_cycle: group member %zd has %zd bytes, expected %lld", i,
+                             in.len, want);
+                PyBuffer_Release(&in);
+                return -1;
+            }
+            if (want) memcpy(dst + filled, in.buf, (size_t)want);
+            PyBuffer_Release(&in);
+        }
+        filled += want;
+    }
+    if (filled != capacity) {
+        PyErr_Format(PyExc_ValueError, "express_cycle: the group's members have %lld bytes, out %lld",
+                     (long long)filled, (long long)capacity);
+        return -1;
+    }
+    return filled;
+}
+
+/* express_group(ctx, c, flags, cid, words, members, sizes, out, kind, scale, divisor, spin_ns): see the head */
+static PyObject *py_express_group(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "express_cycle.express_group takes 12 arguments");
+        return NULL;
+    }
+    rt_ctx *ctx = (rt_ctx *)PyCapsule_GetPointer(args[0], CAPSULE);
+    if (!ctx) return NULL;
+    long long c = PyLong_AsLongLong(args[1]), flags = PyLong_AsLongLong(args[2]), cid = PyLong_AsLongLong(args[3]),
+              words = PyLong_AsLongLong(args[4]), divisor = PyLong_AsLongLong(args[10]),
+              spin_ns = PyLong_AsLongLong(args[11]);
+    long kind = PyLong_AsLong(args[8]);
+    double scale = PyFloat_AsDouble(args[9]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer out;
+    if (PyObject_GetBuffer(args[7], &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) return NULL;
+    /* our slot of parity c % 2: no peer reads it until we publish c (native_cycle.py's reuse argument) */
+    char *ours = ctx->slots[ctx->rank][c & 1] + ctx->header_bytes;
+    int64_t nbytes = copy_members(args[5], args[6], ours, (int64_t)out.len);
+    int outcome = -1;
+    if (nbytes >= 0) {
+        outcome = rt_express(ctx, c, flags, cid, words, NULL, nbytes, out.buf, (int)kind, scale, divisor, spin_ns);
+        if (outcome != RT_DONE) memcpy(out.buf, ours, (size_t)nbytes);    /* the packed inputs, for the Python path */
+    }
+    PyBuffer_Release(&out);
+    if (outcome < 0) return NULL;
+    return PyLong_FromLong(outcome);
+}
+
+/* pack_group(members, sizes, out): the members back to back into out (the Python path's packed input array) */
+static PyObject *py_pack_group(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "express_cycle.pack_group takes 3 arguments");
+        return NULL;
+    }
+    Py_buffer out;
+    if (PyObject_GetBuffer(args[2], &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) return NULL;
+    int64_t nbytes = copy_members(args[0], args[1], (char *)out.buf, (int64_t)out.len);
+    PyBuffer_Release(&out);
+    if (nbytes < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_nothing(PyObject *self, PyObject *const *args, Py_ssize_t nargs) { Py_RETURN_NONE; }
 
 static PyMethodDef methods[] = {
     {"ctx_new", py_ctx_new, METH_VARARGS, "the context of one rank's window: a capsule"},
     {"express", (PyCFunction)(void (*)(void))py_express, METH_FASTCALL, "one express cycle (see the file's head)"},
+    {"express_group", (PyCFunction)(void (*)(void))py_express_group, METH_FASTCALL,
+     "one express cycle of a small group's members (see the file's head)"},
+    {"pack_group", (PyCFunction)(void (*)(void))py_pack_group, METH_FASTCALL,
+     "a group's members back to back into one buffer"},
     {"nothing", (PyCFunction)(void (*)(void))py_nothing, METH_FASTCALL, "no work: what a call alone costs"},
     {NULL, NULL, 0, NULL}};
 

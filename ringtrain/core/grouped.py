@@ -13,6 +13,7 @@ from ..engine.fusion import HOST_OPS, ops_for
 from ..engine.handle import Handle
 from .group_handles import MixedGroupHandle
 from ..engine.express_memo import ExpressPlan
+from ..engine import native_cycle
 from ..engine.model import Meta, express_eligible
 from ..ops import as_op, check_op_dtype
 from .routing import route
@@ -21,51 +22,88 @@ from ..engine.request import Request
 from ..transports.segments import Segments
 
 
-def allreduce(arrays, op, name, prescale_factor, postscale_factor, outs, process_set):
-    """collectives.grouped_allreduce for any op but Adasum (`op` a ReduceOp)."""
+def allreduce(arrays, op, name, prescale_factor, postscale_factor, outs, process_set, key=None):
+    """collectives.grouped_allreduce for any op but Adasum (`op` a ReduceOp). key: the memo key a binding made
+    (planned_call), else this call's own."""
     to = route(process_set)
     arrays = list(arrays)
     name = _name("grouped_allreduce", name, to) if arrays else name
-    # a recurring group of numpy arrays (the same name, op, scales, dtypes and shapes) has an ExpressPlan in the
-    # engine's memo (express_memo.py): packed into one array, one express cycle, the results views of it
-    # (plans are made for C-contiguous groups only: a key with a non-contiguous array never hits one)
-    signature = tuple([(a.dtype, a.shape, a.flags.c_contiguous) for a in arrays if a.__class__ is np.ndarray])
-    key = (name, op, float(prescale_factor), float(postscale_factor), signature)
+    # a recurring group of C-contiguous numpy arrays (the same name, op, scales, dtypes and shapes) has a GroupPlan
+    # in the engine's memo (express_memo.py): one express cycle that reads the arrays where they lie (a key with a
+    # non-contiguous array never has a plan)
+    if key is None and outs is None:
+        signature = tuple([(a.dtype, a.shape, a.flags.c_contiguous) for a in arrays if a.__class__ is np.ndarray])
+        if len(signature) == len(arrays) > 1:
+            key = (name, op, float(prescale_factor), float(postscale_factor), signature)
     memo = to.engine.memo
-    plan = memo.get(key) if outs is None and len(signature) == len(arrays) > 1 else None
+    plan = None if key is None else memo.get(key)
     if plan is not None:
-        return _planned_group(to.engine, plan, arrays)
+        return planned(to.engine, plan, tuple(arrays))
     results = start(arrays, op, name, prescale_factor, postscale_factor, outs, True, process_set).wait()
-    if outs is None and len(signature) == len(arrays) > 1 and len({dtype for dtype, _, _ in signature}) == 1:
-        meta, eligible, packed = _group_meta(op, arrays[0].dtype, "cpu", prescale_factor, postscale_factor,
-                                             tuple(a.size for a in arrays))
-        if packed:
-            memo.put(key, ExpressPlan(name, meta, group=_layout(arrays)))
+    if key is not None:
+        plan_for(memo, key, name, op, prescale_factor, postscale_factor, arrays)
     return results
 
 
-def _layout(arrays):
-    """Where each array of a packed group lies in the packed array: (slice, shape) in order; the shape None for a
-    1-D array (its slice of the packed array is its result as it is)."""
-    layout, offset = [], 0
-    for a in arrays:
-        layout.append((slice(offset, offset + a.size), a.shape))
-        offset += a.size
-    return tuple([(part, None if len(shape) == 1 else shape) for part, shape in layout])
+def planned_call(members, signature, op, name, prescale_factor, postscale_factor, process_set):
+    """A binding's recurring group, described by the binding: `signature` (hashable) fixes each member's dtype and
+    shape and says it is C-contiguous host memory, `members` are the members' int addresses (valid during the
+    call). (results, name, key): the list of result arrays when the group has a plan, else (None, the call's name,
+    the memo key): the binding then calls allreduce(its numpy arrays, op, name, ..., key=key), which makes the plan
+    when the group allows one."""
+    to = route(process_set)
+    name = _name("grouped_allreduce", name, to)
+    key = (name, op, float(prescale_factor), float(postscale_factor), signature)
+    plan = to.engine.memo.get(key)
+    if plan is not None and plan.addresses:
+        return planned(to.engine, plan, members), name, key
+    return None, name, key
 
 
-def _planned_group(eng, plan, arrays):
-    """A recurring small synchronous grouped allreduce (see grouped_allreduce): one packed array, the express cycle
-    (or, when the cycle says otherwise, an ordinary request on the same packed array: every rank makes the same
-    transport call either way), and the results as views of the packed array (no unpacking copy)."""
-    packed = np.concatenate(arrays) if plan.flat else np.concatenate(arrays, axis=None)
-    done = eng.express(plan.name, plan.meta, packed, packed, None, plan)
-    if done is None:
+class GroupPlan(ExpressPlan):
+    """A recurring small group's express facts (ExpressPlan's) and its layout: the members' byte sizes and where
+    each result lies in the packed result (slice, and shape or None for 1-D: the slice is the result as it is)."""
+    __slots__ = ("sizes", "dtype", "count", "layout", "addresses")
+
+    def __init__(self, name, meta, arrays):
+        super().__init__(name, meta)
+        self.sizes = tuple([a.nbytes for a in arrays])
+        self.dtype = arrays[0].dtype
+        self.count = sum([a.size for a in arrays])
+        layout, offset = [], 0
+        for a in arrays:
+            layout.append((slice(offset, offset + a.size), None if len(a.shape) == 1 else a.shape))
+            offset += a.size
+        self.layout = tuple(layout)
+        self.addresses = not isinstance(native_cycle.library(), str)    # members may be int addresses (pack)
+
+
+def plan_for(memo, key, name, op, prescale_factor, postscale_factor, arrays):
+    """Keep a GroupPlan under `key` for a group of C-contiguous host arrays (the core refuses any other) of one dtype
+    that the express path can take whole (see _group_meta); returns it, or None."""
+    if len({a.dtype for a in arrays}) != 1:
+        return None
+    meta, eligible, packed = _group_meta(op, arrays[0].dtype, "cpu", prescale_factor, postscale_factor,
+                                         tuple([a.size for a in arrays]))
+    return memo.put(key, GroupPlan(name, meta, arrays)) if packed else None
+
+
+def planned(eng, plan, members):
+    """A recurring small synchronous grouped allreduce: the members (C-contiguous host buffers of plan.sizes bytes,
+    or their int addresses when the native cycle is built: native_cycle.pack) go into the express cycle's slot
+    where they lie and the result into one fresh packed array (or, when the cycle says otherwise, an ordinary
+    request on the packed inputs: every rank makes the same transport call either way). The results are views of
+    that array, which nothing else holds."""
+    packed = np.empty(plan.count, plan.dtype)
+    group = (members, plan.sizes)
+    done = eng.express(plan.name, plan.meta, packed, packed, None, plan, group)
+    if done is None:                # nothing done: packed is not filled
+        native_cycle.pack(group, packed)
         done = Handle((plan.name,), eng.drive)
         eng.run(Request(plan.name, plan.meta, (packed,), (packed,), done, HOST_OPS, plan=plan))
     if done is not True:
         done.wait()
-    return [packed[part] if shape is None else packed[part].reshape(shape) for part, shape in plan.group]
+    return [packed[part] if shape is None else packed[part].reshape(shape) for part, shape in plan.layout]
 
 
 def start(arrays, op, name, prescale_factor, postscale_factor, outs, sync, process_set):

@@ -178,7 +178,7 @@ class CycleAgreement(CoordinatorAgreement):
         return action
 
     # ---- express -------------------------------------------------------------------------------------------
-    def express(self, name, meta, array, out, make_request, plan=None):
+    def express(self, name, meta, array, out, make_request, plan=None, members=None):
         """One cycle for one cached host allreduce when nothing else is pending on this rank: what add() and poll()
         would do, minus their bookkeeping. Publish its id as our only ready bit (with its data when it fits a slot),
         gather, and if no rank raised a flag and every rank has that id ready, the Collective of this array alone,
@@ -190,7 +190,8 @@ class CycleAgreement(CoordinatorAgreement):
         to run -- the same actions every other rank computes from the same snapshot. None (nothing done) when the
         fast path does not apply: something pending, or a name not cached yet.
         plan: the call's ExpressPlan (express_memo.py): its cache id and native reduce, re-read whenever the cache
-        changed since they were read."""
+        changed since they were read. members: a small group's (native_cycle.py); `array` (which is `out`) holds
+        its packed inputs on every outcome but True and None."""
         if self._ready or self._handed or self._dirty or not array.nbytes:
             return None
         if plan is None:
@@ -210,8 +211,12 @@ class CycleAgreement(CoordinatorAgreement):
                          else 0)
                 self._exchange._parity = c & 1
                 start = time.perf_counter()
-                outcome = native._call(native._ctx, c, flags, cid, self._words, array, out, how[0], how[1], how[2],
-                                       _SPIN_NS)
+                if members is None:
+                    outcome = native._call(native._ctx, c, flags, cid, self._words, array, out, how[0], how[1],
+                                           how[2], _SPIN_NS)
+                else:           # a small group: its members straight into the slot, `out` its packed result
+                    outcome = native._group_call(native._ctx, c, flags, cid, self._words, members[0], members[1], out,
+                                                 how[0], how[1], how[2], _SPIN_NS)
                 if outcome == native_cycle.DONE:
                     return self._native_done(c, cid)
                 if outcome == native_cycle.NOT_YET:
@@ -222,6 +227,8 @@ class CycleAgreement(CoordinatorAgreement):
                                              ready)
         if cid is None:
             return None
+        if members is not None:     # a small group off the compiled path: its packed inputs, as any array's
+            native_cycle.pack(members, array)
         bit = 1 << cid
         if plan is not None:        # a plan's array is one ndarray (a group's is packed): no Segments here
             nbytes = plan.nbytes

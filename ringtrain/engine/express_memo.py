@@ -25,9 +25,9 @@ CAPACITY = 4096
 class ExpressPlan:
     """One recurring allreduce's express facts (see the module docstring). cid / how / generation are the
     agreement's to fill: generation -1 means not read yet."""
-    __slots__ = ("name", "meta", "nbytes", "cid", "how", "native", "generation", "group", "flat")
+    __slots__ = ("name", "meta", "nbytes", "cid", "how", "native", "generation")
 
-    def __init__(self, name, meta, group=None):
+    def __init__(self, name, meta):
         self.name = name
         self.meta = meta
         self.nbytes = meta.nbytes
@@ -35,12 +35,10 @@ class ExpressPlan:
         self.how = None             # the native cycle's reduce for it (native_cycle.reduce_how), at `generation`
         self.native = False         # the compiled cycle takes the call whole, at `generation` (the agreement's)
         self.generation = -1        # the cache's update count when cid and how were read
-        self.group = group          # a grouped allreduce's layout ((slice, shape or None: 1-D) per array), else None
-        self.flat = group is not None and all([shape is None for _, shape in group])   # every array of it 1-D
 
 
 class ExpressMemo:
-    """key -> ExpressPlan for one engine; the keys are the callers' (collectives.py)."""
+    """key -> ExpressPlan for one engine; the keys are the callers' (collectives.py, grouped.py)."""
 
     def __init__(self, capacity=CAPACITY):
         self.capacity = capacity

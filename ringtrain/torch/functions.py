@@ -15,7 +15,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from ringtrain.core import collectives, state
+from ringtrain.core import collectives, grouped, state
 from ringtrain.core.build_info import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled,  # noqa: F401
                                   mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rocm_built)
 from ringtrain.ops import Adasum, Average, Sum, Min, Max, Product, ReduceOp, as_op  # noqa: F401  (re-exported)
@@ -27,6 +27,7 @@ from . import host_views
 from .compression import Compression
 
 _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+_data_ptr = torch.Tensor.data_ptr
 
 
 # ---------------------------------------------------------------- lifecycle and topology (thin pass-through)
@@ -221,13 +222,31 @@ def grouped_allreduce_sync(tensors: list, average=None, name: "str | None" = Non
                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                            process_set: ProcessSet = global_process_set) -> list:
     """grouped_allreduce into new tensors on this thread (the core's synchronous call); not differentiable."""
+    op = resolve_op(op, average, adasum=True)
+    key = None
+    if op.__class__ is ReduceOp:        # (Adasum is not one)
+        # a recurring group of plain CPU tensors: described by torch's own attributes and read where it lies (the
+        # core's plan, keyed by this description; made on the first call, from the tensors' numpy views)
+        try:
+            signature = tuple([(t.dtype, t.shape, t.is_contiguous(), t.is_cpu) for t in tensors])
+            members = tuple(map(_data_ptr, tensors))
+        except (AttributeError, RuntimeError, TypeError):    # not tensors, or sparse: the general path says why
+            signature = None
+        if signature is not None:
+            results, name, key = grouped.planned_call(members, signature, op, name, prescale_factor,
+                                                      postscale_factor, process_set)
+            if results is not None:
+                return [torch.from_numpy(r) for r in results]
     arrays = _plain_arrays(tensors)
     plain = arrays is not None
-    if not plain:
+    if not plain:                       # (the plan is for plain tensors: contiguous, on the CPU, numpy's dtypes)
         arrays = [to_array(contiguous(t)) for t in tensors]
-    results = collectives.grouped_allreduce(arrays, op=resolve_op(op, average, adasum=True), name=name,
-                                            process_set=process_set, prescale_factor=prescale_factor,
-                                            postscale_factor=postscale_factor)
+        key = None
+    if key is not None:
+        results = grouped.allreduce(arrays, op, name, prescale_factor, postscale_factor, None, process_set, key)
+    else:
+        results = collectives.grouped_allreduce(arrays, op=op, name=name, process_set=process_set,
+                                                prescale_factor=prescale_factor, postscale_factor=postscale_factor)
     # plain: results of numpy dtypes on the host, fresh writable arrays: torch.from_numpy is all from_array would do
     return [torch.from_numpy(r) for r in results] if plain else [from_array(r) for r in results]
 

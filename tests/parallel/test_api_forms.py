@@ -324,3 +324,77 @@ def test_grouped_results_keep_their_shapes_and_are_independent():
         results[1].fill_(-1.0)
         for k in (0, 2, 3):
             np.testing.assert_array_equal(results[k].numpy(), want[k], err_msg=f"tensor {k} after a write into 1")
+
+
+def test_recurring_torch_groups_are_read_where_they_lie(monkeypatch):
+    """A recurring group of plain CPU tensors is described by torch's own attributes and read where it lies (the
+    tensors' addresses: slices of one storage at an offset, a 2-D view, an empty member). Each dtype (reduced by the
+    native cycle or from the cycle's slots), one name alternating between two layouts and a strided call under it:
+    every result has its tensor's shape, dtype and reference values, results held from earlier calls keep theirs,
+    and the inputs stay as they were."""
+    from ringtrain.core import grouped
+    r, size = rt.rank(), rt.size()
+    members_seen = []
+    real = grouped.planned
+    monkeypatch.setattr(grouped, "planned", lambda eng, plan, members: members_seen.append(
+        all(type(m) is int for m in members)) or real(eng, plan, members))
+    layouts = {"a": lambda b: [b[:10], b[10:10], b[10:40].view(5, 6), b[40:]],
+               "b": lambda b: [b[:30], b[30:30], b[30:40].view(2, 5), b[40:]],
+               "strided": lambda b: [b[:20:2], b[20:20], b[10:40].view(6, 5).t(), b[40:]]}     # a's shapes
+    held = []
+    for dtype in (torch.float32, torch.float64, torch.int32, torch.int64, torch.float16):
+        for call in range(3):
+            for layout, parts in layouts.items():
+                base = torch.from_numpy(data(60, call, r)).to(dtype)
+                before = base.clone()
+                got = hvd.grouped_allreduce(parts(base), op=hvd.Sum, name=f"forms.torch_group.{dtype}")
+                want = parts(torch.from_numpy(total(60, call, size)).to(dtype))
+                for k, (g, w) in enumerate(zip(got, want)):
+                    assert g.shape == w.shape and g.dtype == dtype, (layout, k, g.shape, g.dtype)
+                    assert torch.equal(g, w), f"rank {r} {dtype} {layout} call {call} tensor {k}: {g} != {w}"
+                assert torch.equal(base, before), f"rank {r}: the inputs were written"
+                held.append((got, [w.clone() for w in want]))
+    for got, want in held:
+        assert all(torch.equal(g, w) for g, w in zip(got, want)), f"rank {r}: a result held changed"
+    assert True in members_seen, "no recurring torch group was read where it lies"
+    got = hvd.grouped_allreduce([torch.ones(3), torch.ones(2)], op=hvd.Average, postscale_factor=2.0,
+                                name="forms.torch_group.scaled")
+    assert all(torch.equal(g, torch.full_like(g, 2.0)) for g in got), got
+    for call in range(3):                   # two dtypes: one request per dtype, never one plan
+        got = hvd.grouped_allreduce([torch.full((3,), 1.5), torch.full((2,), call, dtype=torch.int64)], op=hvd.Sum,
+                                    name="forms.torch_group.mixed")
+        assert torch.equal(got[0], torch.full((3,), 1.5 * size)) and got[1].dtype == torch.int64, got
+        assert torch.equal(got[1], torch.full((2,), call * size, dtype=torch.int64)), got
+
+
+def test_a_mismatch_in_a_recurring_group_is_the_usual_clear_error():
+    """Ranks that agree on a small group's name and plan it, then one calls it with another member shape: the usual
+    mismatch error on every rank (naming the ranks and the shapes), and the job goes on with the group."""
+    rt.barrier()
+    odd = rt.size() - 1
+    for _ in range(3):
+        got = hvd.grouped_allreduce([torch.ones(4), torch.ones(3)], op=hvd.Sum, name="forms.group_mismatch")
+        assert all(torch.equal(g, torch.full_like(g, float(rt.size()))) for g in got)
+    second = 5 if rt.rank() == odd else 3
+    with pytest.raises(rt.TensorMismatchError) as info:
+        hvd.grouped_allreduce([torch.ones(4), torch.ones(second)], op=hvd.Sum, name="forms.group_mismatch")
+    message = str(info.value)
+    assert "forms.group_mismatch" in message and f"rank {odd} has" in message, message
+    assert "(7,)" in message and "(9,)" in message, message
+    for _ in range(2):
+        got = hvd.grouped_allreduce([torch.ones(4), torch.ones(3)], op=hvd.Sum, name="forms.group_mismatch")
+        assert all(torch.equal(g, torch.full_like(g, float(rt.size()))) for g in got)
+
+
+def test_a_recurring_group_with_an_async_call_in_flight_runs_as_a_request(outcomes):
+    """With an async call in flight the express path does not apply: the recurring group packs its members and
+    runs as an ordinary request, with the same results."""
+    size = rt.size()
+    for call in range(4):
+        handle = hvd.allreduce_async(torch.ones(4), op=hvd.Sum, name="forms.group_busy.async")
+        parts = [torch.full((3,), 1.0 + call + rt.rank()), torch.arange(4.0).view(2, 2) + rt.rank()]
+        got = hvd.grouped_allreduce(parts, op=hvd.Sum, name="forms.group_busy")
+        assert torch.equal(got[0], torch.full((3,), size * (1.0 + call) + size * (size - 1) / 2)), (call, got)
+        assert torch.equal(got[1], torch.arange(4.0).view(2, 2) * size + size * (size - 1) / 2), (call, got)
+        assert torch.equal(hvd.synchronize(handle), torch.full((4,), float(size)))
+    assert ("forms.group_busy", None) in outcomes, outcomes

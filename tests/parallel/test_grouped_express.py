@@ -147,14 +147,16 @@ def test_private_arrays_reduced_into_a_bucket_of_the_window(outs):
         assert_some_read_where_they_lie(seen)
 
 
-def test_a_flagged_cycle_turns_the_grouped_call_into_a_request():
+@pytest.mark.parametrize("sizes", [(20000, 7, 30000), (200, 7, 300)], ids=["where_they_lie", "small"])
+def test_a_flagged_cycle_turns_the_grouped_call_into_a_request(sizes):
     """The last rank first submits a never-seen tensor (a slow cycle), 0.3 s before the cached group the others
     already wait for: their express cycle sees the flag and the group becomes an ordinary grouped request on every
-    rank, whose handle still returns the list of results."""
-    x, want = group((20000, 7, 30000), 5)
+    rank (a small group's: a request on its packed inputs), whose handle still returns the list of results."""
+    x, want = group(sizes, 5)
     fresh = np.full(5, rt.rank() + 1.0, np.float32)
     late = rt.rank() == rt.size() - 1
-    rt.grouped_allreduce(x, op=rt.Sum, name="grouped.express.flagged")
+    name = f"grouped.express.flagged.{len(sizes)}.{sizes[0]}"
+    rt.grouped_allreduce(x, op=rt.Sum, name=name)
     eng = state.engine()
     made = []
     real = eng._express_request
@@ -165,10 +167,10 @@ def test_a_flagged_cycle_turns_the_grouped_call_into_a_request():
             if late:
                 handle = rt.allreduce_async(fresh, op=rt.Sum, name=f"grouped.express.fresh.{call}")
                 time.sleep(0.3)
-                out = rt.grouped_allreduce(x, op=rt.Sum, name="grouped.express.flagged")
+                out = rt.grouped_allreduce(x, op=rt.Sum, name=name)
                 other = handle.wait()
             else:
-                out = rt.grouped_allreduce(x, op=rt.Sum, name="grouped.express.flagged")
+                out = rt.grouped_allreduce(x, op=rt.Sum, name=name)
                 other = rt.allreduce(fresh, op=rt.Sum, name=f"grouped.express.fresh.{call}")
             assert isinstance(out, list) and len(out) == 3
             for o, w in zip(out, want):
@@ -177,5 +179,5 @@ def test_a_flagged_cycle_turns_the_grouped_call_into_a_request():
     finally:
         del eng._express_request
     if not late:
-        assert made.count("grouped.express.flagged") >= 1, made      # the grouped request path ran
+        assert made.count(name) >= 1, made      # the grouped request path ran
     assert not eng.requests

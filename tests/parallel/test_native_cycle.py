@@ -185,3 +185,52 @@ def test_grouped_calls_of_one_shape_with_other_ops_and_scales():
             got = rt.grouped_allreduce(parts, op=op, postscale_factor=post, name=f"native.grouped.{name}")
             for g, w in zip(got, want):
                 np.testing.assert_allclose(g, w, rtol=1e-12, err_msg=f"rank {rank} {name} call {i}")
+
+
+def test_small_groups_native_python_and_mixed_give_the_same_bits(restore_native):
+    """A recurring small group goes into the cycle's slot member by member and comes back as views of one fresh
+    array: every dtype (those the C code reduces and those Python reduces from the slots), Sum and Average, with an
+    empty and a 2-D member, gives bitwise each member's one-process reference with the native cycle on, off and on
+    one rank only; results of earlier calls keep their values."""
+    agreement = native_or_skip()
+    comm = MPI.COMM_WORLD
+    size, rank = rt.size(), rt.rank()
+    grouped_outcomes = []
+    native = agreement._native
+    original = native._group_call
+
+    def spy(*args):
+        grouped_outcomes.append(original(*args))
+        return grouped_outcomes[-1]
+    native._group_call = spy
+    shapes = [(3,), (0,), (2, 5), (1,), (40,)]
+    held = []
+    try:
+        for seed, dtype in enumerate(["float32", "float64", "int32", "int64", "float16", "bfloat16", "int8", "uint8",
+                                      "int16", "uint16"]):
+            for op_name in ("sum", "average"):
+                op = OPS[op_name]
+                members = [inputs(dtype, int(np.prod(s)), 50 + seed * 10 + k).reshape(s) for k, s in enumerate(shapes)]
+                everyone = comm.allgather(members)
+                want = []
+                for k, member in enumerate(members):
+                    w = np.empty_like(member)
+                    reduce_in_rank_order(w.reshape(-1), [theirs[k].reshape(-1) for theirs in everyone], ReduceOp(op),
+                                         result_scale(ReduceOp(op), 1.0, size))
+                    want.append(w)
+                name = f"native.group.{dtype}.{op_name}"
+                for path in ("first", "native", "python", "mixed", "native again"):
+                    switch(path in ("native", "native again") or (path == "mixed" and rank == 0))
+                    comm.Barrier()
+                    got = rt.grouped_allreduce(members, op=op, name=name)
+                    for k, (g, w) in enumerate(zip(got, want)):
+                        assert g.shape == w.shape and g.dtype == w.dtype, (name, path, k, g.shape, g.dtype)
+                        assert g.tobytes() == w.tobytes(), f"rank {rank}: {name} {path} member {k}: {g} != {w}"
+                    held.append((got, want))
+    finally:
+        native._group_call = original
+    for got, want in held:
+        assert all(g.tobytes() == w.tobytes() for g, w in zip(got, want)), f"rank {rank}: a result held changed"
+    # the group's native entry ran, and finished some calls itself on some rank
+    assert grouped_outcomes, "no small group went through the native cycle"
+    assert comm.allreduce(grouped_outcomes.count(native_cycle.DONE), op=MPI.SUM) >= 1, grouped_outcomes
