@@ -96,6 +96,8 @@ def _allreduce_plan(to, name, op, array, prescale_factor, postscale_factor):
 
 
 def _allreduce_out(array, out):
+    if out is array:            # in place
+        return out
     if out is None:
         if array.__class__ is np.ndarray:
             # small results are plain np.empty arrays (the pool's own rule below ALIGNED_BYTES), made here directly

@@ -30,6 +30,7 @@ def auto_name(kind, name):
 
 
 UNNAMED_SLOTS = 8
+_slot_names = {}        # kind -> its UNNAMED_SLOTS names
 
 
 def slot_name(kind, name):
@@ -39,7 +40,10 @@ def slot_name(kind, name):
     with _lock:
         n = _counters[kind]
         _counters[kind] = n + 1
-    return f"{kind}.noname.{n % UNNAMED_SLOTS}"
+    names = _slot_names.get(kind)
+    if names is None:           # made once per kind: an unnamed call in every step formats no string
+        names = _slot_names[kind] = tuple(f"{kind}.noname.{i}" for i in range(UNNAMED_SLOTS))
+    return names[n % UNNAMED_SLOTS]
 
 
 def next_number(kind):

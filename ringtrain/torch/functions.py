@@ -284,7 +284,7 @@ def allreduce_(tensor: torch.Tensor, average=None, name: "str | None" = None, op
     op, work, array = _in_place(tensor, average, op)
     collectives.allreduce(array, op=op, name=name, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                     out=array, process_set=process_set)
-    return copy_back(tensor, work)
+    return tensor if work is tensor else copy_back(tensor, work)
 
 
 def _in_place(tensor, average, op):
