@@ -1233,7 +1233,7 @@ MUTANTS = [
            (Tests(("tests/test_docs_truth.py",), select="version_claims and versions"),),
            "the supported-versions page claims an older TensorFlow than setup.py requires"),
     Mutant("unnamed_calls_get_fresh_names", "ringtrain/core/names.py",
-           'return f"{kind}.noname.{n % UNNAMED_SLOTS}"',
+           'return names[n % UNNAMED_SLOTS]',
            'return f"{kind}.noname.{n}"',
            (Tests((API_FORMS,), ranks=2, select="express"),),
            "every unnamed call a new name: the response cache never hits and no unnamed call is express"),
