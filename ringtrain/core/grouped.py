@@ -52,7 +52,8 @@ def planned_call(members, signature, op, name, prescale_factor, postscale_factor
     the memo key): the binding then calls allreduce(its numpy arrays, op, name, ..., key=key), which makes the plan
     when the group allows one."""
     to = route(process_set)
-    name = _name("grouped_allreduce", name, to)
+    if name.__class__ is not str or not name:           # (a named call needs no call_name)
+        name = _name("grouped_allreduce", name, to)
     key = (name, op, float(prescale_factor), float(postscale_factor), signature)
     plan = to.engine.memo.get(key)
     if plan is not None and plan.addresses:

@@ -99,7 +99,8 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
                       postscale_factor=1.0, process_set=global_process_set) -> list:
     """allreduce of each tensor, negotiated and fused as one group; differentiable. Returns a list."""
     tensors = list(tensors)
-    if compression is Compression.none and not _wants_grad(tensors):
+    # (_wants_grad inline: a grouped call's own cost is a few us)
+    if compression is Compression.none and not (torch.is_grad_enabled() and any([t.requires_grad for t in tensors])):
         if len(tensors) > 1:
             return functions.grouped_allreduce_sync(tensors, average, name, op, prescale_factor, postscale_factor,
                                                     process_set)

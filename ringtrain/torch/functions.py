@@ -222,7 +222,7 @@ def grouped_allreduce_sync(tensors: list, average=None, name: "str | None" = Non
                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                            process_set: ProcessSet = global_process_set) -> list:
     """grouped_allreduce into new tensors on this thread (the core's synchronous call); not differentiable."""
-    op = resolve_op(op, average, adasum=True)
+    op = Average if op is None and average is None else resolve_op(op, average, adasum=True)
     key = None
     if op.__class__ is ReduceOp:        # (Adasum is not one)
         # a recurring group of plain CPU tensors: described by torch's own attributes and read where it lies (the
@@ -236,7 +236,7 @@ def grouped_allreduce_sync(tensors: list, average=None, name: "str | None" = Non
             results, name, key = grouped.planned_call(members, signature, op, name, prescale_factor,
                                                       postscale_factor, process_set)
             if results is not None:
-                return [torch.from_numpy(r) for r in results]
+                return list(map(torch.from_numpy, results))
     arrays = _plain_arrays(tensors)
     plain = arrays is not None
     if not plain:                       # (the plan is for plain tensors: contiguous, on the CPU, numpy's dtypes)
