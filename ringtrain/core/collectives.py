@@ -23,7 +23,6 @@ from .routing import route
 from .submission import (call_name as _name, check_array as _check_array, describe as _describe,
                          device_of as _device_of, enqueue as _enqueue, submit as _submit)
 from ..engine.request import Request
-from ..engine.result_pool import ALIGNED_BYTES
 
 
 # ------------------------------------------------------------------------------------------------ allreduce
@@ -100,10 +99,10 @@ def _allreduce_out(array, out):
         return out
     if out is None:
         if array.__class__ is np.ndarray:
-            # small results are plain np.empty arrays (the pool's own rule below ALIGNED_BYTES), made here directly
-            if array.nbytes < ALIGNED_BYTES:
+            results = HOST_OPS.results
+            if array.nbytes < results.plain_below:     # the pool's own rule for small results, without its call
                 return np.empty(array.shape, array.dtype)
-            return HOST_OPS.results.empty(array.shape, array.dtype)
+            return results.empty(array.shape, array.dtype)
         return ops_for(_device_of(array)).empty(array.shape, array.dtype)
     if out.shape != array.shape or out.dtype != array.dtype:
         raise ValueError(f"allreduce out has shape {out.shape} {out.dtype}, input {array.shape} {array.dtype}")

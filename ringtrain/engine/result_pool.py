@@ -38,6 +38,7 @@ class ResultPool:
         self._min_bytes = min_bytes
         self._keep = keep
         self._aligned_bytes = aligned_bytes
+        self.plain_below = min(min_bytes, aligned_bytes)    # smaller results are plain np.empty arrays (empty())
         self._blocks = []              # uint8 arrays owning their memory
         self._lock = threading.Lock()
 
