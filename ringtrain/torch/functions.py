@@ -215,6 +215,9 @@ def allreduce_sync(tensor: torch.Tensor, average=None, name: "str | None" = None
     array = collectives.allreduce(host_array(tensor), op=resolve_op(op, average, adasum=True), name=name,
                                   prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                                   process_set=process_set)
+    # a host result of a dtype numpy has is a fresh writable array: torch.from_numpy is all from_array would do
+    if array.__class__ is np.ndarray and tensor.dtype is not torch.bfloat16:
+        return torch.from_numpy(array)
     return from_array(array)
 
 
