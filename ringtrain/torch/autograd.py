@@ -89,7 +89,8 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
               postscale_factor=1.0, process_set=global_process_set) -> torch.Tensor:
     """Reduce `tensor` over the ranks of `process_set` (default: Average) into a new tensor; differentiable.
     `compression` casts it for the wire (e.g. Compression.fp16) and back."""
-    if compression is Compression.none and not _wants_grad((tensor,)):
+    # (_wants_grad of one tensor, inline: a metric averaged every step pays for every frame)
+    if compression is Compression.none and not (tensor.requires_grad and torch.is_grad_enabled()):
         return functions.allreduce_sync(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
     return grouped_allreduce([tensor], average, name, compression, op, prescale_factor, postscale_factor,
                              process_set)[0]
