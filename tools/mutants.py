@@ -1357,6 +1357,11 @@ MUTANTS = [
            "                if True:\n                    outcome = native._call(",
            (Tests((NATIVE_CYCLE_JOB,), ranks=2, select="small_groups"),),
            "the compiled cycle publishes a small group's (empty) packed array instead of its members"),
+    Mutant("torch_group_never_records_a_gradient", "ringtrain/torch/autograd.py",
+           "not (torch.is_grad_enabled() and any(map(_requires_grad, tensors))):",
+           "not (torch.is_grad_enabled() and False):",
+           (Tests(("tests/parallel/test_torch_autograd.py",), ranks=2, select="grouped_forms_are_differentiable"),),
+           "a grouped allreduce of tensors that require grad skips autograd: no gradient flows back"),
     Mutant("python_cycle_publishes_an_unpacked_group", "ringtrain/engine/cycle_agreement.py",
            "        if members is not None:     # a small group off the compiled path: its packed inputs, as any array's\n"
            "            native_cycle.pack(members, array)\n",

@@ -14,6 +14,8 @@ The gradients are ringtrain.reducer.gradient_rules' table (Horovod 0.28's rules,
 Backward passes run collectives too: every rank of the set must call backward through the same graph.
 The *_async and in-place forms (functions.py) are not differentiable, as in Horovod.
 """
+import operator
+
 import torch
 
 from ringtrain.reducer import gradient_rules
@@ -23,6 +25,8 @@ from ringtrain.core.process_sets import global_process_set
 from . import functions
 from .compression import Compression
 from .functions import Average, as_op
+
+_requires_grad = operator.attrgetter("requires_grad")
 
 
 class _TorchPrimitives(gradient_rules.Primitives):
@@ -101,7 +105,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     """allreduce of each tensor, negotiated and fused as one group; differentiable. Returns a list."""
     tensors = list(tensors)
     # (_wants_grad inline: a grouped call's own cost is a few us)
-    if compression is Compression.none and not (torch.is_grad_enabled() and any([t.requires_grad for t in tensors])):
+    if compression is Compression.none and not (torch.is_grad_enabled() and any(map(_requires_grad, tensors))):
         if len(tensors) > 1:
             return functions.grouped_allreduce_sync(tensors, average, name, op, prescale_factor, postscale_factor,
                                                     process_set)
