@@ -10,6 +10,7 @@ table like
 count and bytes are per rank (the largest over ranks; they agree in a healthy job), mean and p99 are over every
 rank's samples, and "slowest rank" is the rank whose mean time is the largest -- the one the others wait for.
 """
+import math
 import random
 import threading
 
@@ -20,7 +21,7 @@ RESERVOIR_SIZE = 4096
 
 
 class _OpStats:
-    __slots__ = ("count", "nbytes", "seconds", "samples", "_rng")
+    __slots__ = ("count", "nbytes", "seconds", "samples", "_rng", "_w", "_next")
 
     def __init__(self, seed):
         self.count = 0
@@ -28,17 +29,28 @@ class _OpStats:
         self.seconds = 0.0
         self.samples = []
         self._rng = random.Random(seed)
+        self._w = 1.0
+        self._next = 0          # once the reservoir is full: the count whose sample enters it next (_skip)
 
     def add(self, nbytes, seconds):
-        self.count += 1
+        count = self.count = self.count + 1
         self.nbytes += nbytes
         self.seconds += seconds
-        if len(self.samples) < RESERVOIR_SIZE:
+        if count <= RESERVOIR_SIZE:
             self.samples.append(seconds)
-        else:  # reservoir sampling (Algorithm R): each sample kept with probability RESERVOIR_SIZE / count
-            slot = int(self._rng.random() * self.count)     # randrange costs 1.7 us, this 0.1 (per collective)
-            if slot < RESERVOIR_SIZE:
-                self.samples[slot] = float(seconds)
+            if count == RESERVOIR_SIZE:
+                self._skip()
+        elif count == self._next:           # (every other sample: one compare)
+            self.samples[int(self._rng.random() * RESERVOIR_SIZE)] = float(seconds)
+            self._skip()
+
+    def _skip(self):
+        """Algorithm L (Li 1994): how many samples pass before the next one replaces a kept one, drawn once per
+        replacement. The reservoir is a uniform sample of every sample so far, as with a coin per sample
+        (Algorithm R), which costs a random draw per collective."""
+        rng = self._rng
+        self._w *= math.exp(math.log(max(rng.random(), 1e-300)) / RESERVOIR_SIZE)
+        self._next = self.count + int(math.log(max(rng.random(), 1e-300)) / math.log(1.0 - self._w)) + 1
 
 
 class CommStats:
