@@ -53,7 +53,6 @@ log = logging.getLogger("ringtrain")
 CALLER_GRACE_S = 2e-4          # an engine thread this soon after an express call leaves a peer's cycle to the caller
 
 
-
 class Engine:
     def __init__(self, topology, config):
         self.topo = topology
@@ -257,9 +256,8 @@ class Engine:
         """A synchronous allreduce of one host array (or the Segments of a grouped one), tried in one agreement
         cycle on the caller's thread with no request, handle or queue (cycle_agreement.CycleAgreement.express), then
         reduced from the cycle's slots or, too large for them, on the transport right here: True when `out` holds
-        the result; a Handle
-        when the cycle decided otherwise and the collective continues on the general path; None when it does not
-        apply (something else in flight, a first sighting, a timeline being written) and nothing was done.
+        the result; a Handle when the cycle decided otherwise and the collective continues on the general path; None
+        when it does not apply (something else in flight, a first sighting, a timeline being written): nothing done.
         `held`: the held-back async allreduce this is (see hold), whose handle the request gets if need be.
         `plan`: the call's ExpressPlan (express_memo.py; made only for express-eligible calls). `members`: a small
         group's (sources, sizes), with `array is out` a fresh packed buffer (native_cycle.py): unless True comes
