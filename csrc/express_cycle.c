@@ -246,12 +246,9 @@ static PyObject *py_express(PyObject *self, PyObject *const *args, Py_ssize_t na
 /* A small group's members copied back to back into dst (capacity bytes): the bytes copied, or -1 with an exception
  * set. A member is a buffer (its length must be sizes[i]) or an int address the caller vouches for (sizes[i]
  * readable bytes: a torch tensor's data_ptr, checked contiguous and on the CPU). */
-#define GROUP_MAX 1024
 static int64_t copy_members(PyObject *members, PyObject *sizes, char *dst, int64_t capacity) {
-    if (!PyTuple_Check(members) || !PyTuple_Check(sizes) || PyTuple_GET_SIZE(members) != PyTuple_GET_SIZE(sizes)
-        || PyTuple_GET_SIZE(members) > GROUP_MAX) {
-        PyErr_Format(PyExc_TypeError, "express_cycle: a group's members and sizes must be tuples of one length "
-                     "(at most %d)", GROUP_MAX);
+    if (!PyTuple_Check(members) || !PyTuple_Check(sizes) || PyTuple_GET_SIZE(members) != PyTuple_GET_SIZE(sizes)) {
+        PyErr_SetString(PyExc_TypeError, "express_cycle: a group's members and sizes must be tuples of one length");
         return -1;
     }
     int64_t filled = 0;

@@ -231,6 +231,10 @@ def test_small_groups_native_python_and_mixed_give_the_same_bits(restore_native)
         native._group_call = original
     for got, want in held:
         assert all(g.tobytes() == w.tobytes() for g, w in zip(got, want)), f"rank {rank}: a result held changed"
+    many = [np.full(1, rank + k, np.int64) for k in range(1500)]      # a group of many members: no limit
+    for _ in range(3):
+        got = rt.grouped_allreduce(many, op=rt.Sum, name="native.group.many")
+        assert [int(g[0]) for g in got] == [size * k + size * (size - 1) // 2 for k in range(1500)]
     # the group's native entry ran, and finished some calls itself on some rank
     assert grouped_outcomes, "no small group went through the native cycle"
     assert comm.allreduce(grouped_outcomes.count(native_cycle.DONE), op=MPI.SUM) >= 1, grouped_outcomes
