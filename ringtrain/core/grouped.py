@@ -2,10 +2,13 @@
 
     results = allreduce(arrays, op, name, prescale_factor, postscale_factor, outs, process_set)   # synchronous
     handle = start(arrays, op, name, prescale_factor, postscale_factor, outs, sync, process_set)   # a Handle
+    results, name, key = planned_call(addresses, signature, op, name, pre, post, process_set)    # a binding's
 
 collectives.grouped_allreduce / grouped_allreduce_async are the public face (they also route op=Adasum, which is
-not this module's). A recurring small synchronous group of numpy arrays has an ExpressPlan in the engine's memo
-(express_memo.py) and takes one express cycle; anything else becomes one request per (dtype, device).
+not this module's). A recurring small synchronous group of one dtype has a GroupPlan in the engine's memo
+(express_memo.py): one express cycle in which the compiled module copies each member straight into the cycle's slot
+and reduces into one fresh packed array, whose views are the results (planned). A binding may describe its tensors
+itself and hand over their addresses (planned_call). Anything else becomes one request per (dtype, device).
 """
 import numpy as np
 
