@@ -17,7 +17,7 @@ its private chunks; rank-dependent first dimensions and splits; broadcast roots 
 names used once (with SOAK_CONFIG's cache capacity of 32, a program goes far past it); in-place allreduces of
 arrays in the transport's shared window and of private ones; ops on a process set (the even ranks), which only
 its members run; synchronous allreduces in each public form (the core call, an async call waited at once, the
-torch binding in place and out of place). A failure names the seed; the same seed replays the same program on every
+torch binding in place, out of place and grouped). A failure names the seed; the same seed replays the same program on every
 rank.
 """
 import argparse
@@ -40,7 +40,7 @@ LARGE_SIZES = (20011, 70001, 300007)
 LARGE_ODDS = 12
 NAME_POOL = [f"soak.t{i}" for i in range(24)]   # names recur across batches, with new shapes and dtypes
 # how a synchronous allreduce is called: the core call, an async call waited at once (held back for the express
-# path), or the torch binding (out of place without autograd, or allreduce_ in place)
+# path), or the torch binding (out of place without autograd, allreduce_ in place, or grouped_allreduce)
 SYNC_FORMS = ("core", "prompt_async", "torch")
 TORCH_DTYPES = ("float16", "float32", "float64", "int8", "uint8", "int32", "int64")
 SOAK_CONFIG = {"fusion_threshold": 16 << 10, "segment_bytes": 4096, "cache_capacity": 32}
@@ -149,8 +149,7 @@ def random_program(choose, size, n_ops):
                     spec["name"] = None
                 if spec["kind"] in ("allreduce", "grouped_allreduce"):     # the public forms of a sync call
                     spec["form"] = choose.choice(SYNC_FORMS)
-                    if spec["form"] == "torch" and (spec["kind"] != "allreduce" or spec["shared"]
-                                                    or spec["dtype"] not in TORCH_DTYPES):
+                    if spec["form"] == "torch" and (spec["shared"] or spec["dtype"] not in TORCH_DTYPES):
                         spec["form"] = "core"
         batches.append({"async": asynchronous, "ops": ops})
         op_id += length
@@ -291,6 +290,8 @@ class Call:
         if form == "torch":
             import torch
             import ringtrain.torch as hvd
+            if self.spec["kind"] == "grouped_allreduce":
+                return [r.numpy() for r in hvd.grouped_allreduce([torch.from_numpy(a) for a in array], **kwargs)]
             tensor = torch.from_numpy(array)
             if kwargs.pop("out", None) is not None:
                 hvd.allreduce_(tensor, **kwargs)
