@@ -6,9 +6,10 @@
 
 collectives.grouped_allreduce / grouped_allreduce_async are the public face (they also route op=Adasum, which is
 not this module's). A recurring small synchronous group of one dtype has a GroupPlan in the engine's memo
-(express_memo.py): one express cycle in which the compiled module copies each member straight into the cycle's slot
-and reduces into one fresh packed array, whose views are the results (planned). A binding may describe its tensors
-itself and hand over their addresses (planned_call). Anything else becomes one request per (dtype, device).
+(express_memo.py): its members are packed into one fresh array (one call of the compiled module, which reads them
+where they lie) and that array is reduced in place as one small allreduce, whose views are the results (planned). A
+binding may describe its tensors itself and hand over their addresses (planned_call). Anything else becomes one
+request per (dtype, device).
 """
 import numpy as np
 
@@ -67,7 +68,7 @@ def planned_call(members, signature, op, name, prescale_factor, postscale_factor
 class GroupPlan(ExpressPlan):
     """A recurring small group's express facts (ExpressPlan's) and its layout: the members' byte sizes and where
     each result lies in the packed result (slice, and shape or None for 1-D: the slice is the result as it is)."""
-    __slots__ = ("sizes", "dtype", "count", "layout", "addresses")
+    __slots__ = ("sizes", "dtype", "count", "layout", "addresses", "pack")
 
     def __init__(self, name, meta, arrays):
         super().__init__(name, meta)
@@ -79,7 +80,9 @@ class GroupPlan(ExpressPlan):
             layout.append((slice(offset, offset + a.size), None if len(a.shape) == 1 else a.shape))
             offset += a.size
         self.layout = tuple(layout)
-        self.addresses = not isinstance(native_cycle.library(), str)    # members may be int addresses (pack)
+        module = native_cycle.library()
+        self.addresses = not isinstance(module, str)        # members may be int addresses: the compiled pack
+        self.pack = module.pack_group if self.addresses else _pack_buffers      # (members, sizes, out)
 
 
 def plan_for(memo, key, name, op, prescale_factor, postscale_factor, arrays):
@@ -94,20 +97,30 @@ def plan_for(memo, key, name, op, prescale_factor, postscale_factor, arrays):
 
 def planned(eng, plan, members):
     """A recurring small synchronous grouped allreduce: the members (C-contiguous host buffers of plan.sizes bytes,
-    or their int addresses when the native cycle is built: native_cycle.pack) go into the express cycle's slot
-    where they lie and the result into one fresh packed array (or, when the cycle says otherwise, an ordinary
-    request on the packed inputs: every rank makes the same transport call either way). The results are views of
-    that array, which nothing else holds."""
+    or their int addresses when the native cycle is built: native_cycle.pack) packed into one fresh array, which is
+    reduced in place as one small allreduce (express_packed). The results are views of that array, which nothing
+    else holds."""
     packed = np.empty(plan.count, plan.dtype)
-    group = (members, plan.sizes)
-    done = eng.express(plan.name, plan.meta, packed, packed, None, plan, group)
-    if done is None:                # nothing done: packed is not filled
-        native_cycle.pack(group, packed)
-        done = Handle((plan.name,), eng.drive)
-        eng.run(Request(plan.name, plan.meta, (packed,), (packed,), done, HOST_OPS, plan=plan))
+    plan.pack(members, plan.sizes, packed)
+    express_packed(eng, plan.name, plan.meta, packed, plan)
+    return [packed[part] if shape is None else packed[part].reshape(shape) for part, shape in plan.layout]
+
+
+def _pack_buffers(members, sizes, out):
+    """GroupPlan.pack without the compiled module (buffers only)."""
+    native_cycle.pack((members, sizes), out)
+
+
+def express_packed(eng, name, meta, packed, plan=None):
+    """A small synchronous group packed into one array, reduced in place: one express cycle, or an ordinary request
+    when the express path does not apply. Every rank packs (the choice depends on the agreed metadata alone), so
+    every rank makes the same transport call whichever path each takes (the executor's invariant)."""
+    done = eng.express(name, meta, packed, packed, None, plan)
+    if done is None:
+        done = Handle((name,), eng.drive)
+        eng.run(Request(name, meta, (packed,), (packed,), done, HOST_OPS, plan=plan))
     if done is not True:
         done.wait()
-    return [packed[part] if shape is None else packed[part].reshape(shape) for part, shape in plan.layout]
 
 
 def start(arrays, op, name, prescale_factor, postscale_factor, outs, sync, process_set):
@@ -191,17 +204,9 @@ def _group_meta(op, dtype, device, prescale_factor, postscale_factor, sizes):
 
 
 def _packed_express(eng, name, meta, arrays, outs, sizes):
-    """A small synchronous grouped allreduce as one packed array: express, or an ordinary request when the express
-    path does not apply. Every rank packs (the choice depends on the agreed metadata alone), so every rank makes the
-    same transport call whichever path each takes (the executor's invariant)."""
+    """A small synchronous grouped allreduce with no plan: packed, reduced (express_packed), copied into outs."""
     packed = np.concatenate([a.reshape(-1) for a in arrays])
-    done = eng.express(name, meta, packed, packed)
-    if done is None:
-        handle = Handle((name,), eng.drive)
-        eng.run(Request(name, meta, (packed,), (packed,), handle, HOST_OPS))
-        done = handle
-    if done is not True:
-        done.wait()
+    express_packed(eng, name, meta, packed)
     offset = 0
     for out, n in zip(outs, sizes):
         out.reshape(-1)[...] = packed[offset:offset + n]

@@ -14,11 +14,11 @@ import numpy as np
 from jax._src.array import ArrayImpl
 
 from ringtrain.core import collectives
-from ringtrain.ops import ReduceOp, resolve_op
+from ringtrain.ops import Average, ReduceOp, resolve_op
 from ringtrain.core.process_sets import ProcessSet, global_process_set
 
 from . import gradients
-from .arrays import (Wire, adopt, aligned_empty, aval_of, check_reduction, check_scales, is_plain, result_empty,
+from .arrays import (WIRE_VIEWED, Wire, adopt, aligned_empty, aval_of, check_reduction, check_scales, result_empty,
                      to_jax, to_numpy)
 from .host_call import collective_primitive, differentiable, same_avals
 from .naming import collective_name
@@ -83,9 +83,10 @@ def allreduce(tensor, op=None, name=None, prescale_factor=1.0, postscale_factor=
         # result a 64-byte-aligned row XLA adopts without a copy, for every dtype the core reduces as it is (the
         # core checks op and dtype: one rule for every binding)
         array = np.asarray(tensor)
-        if is_plain(array.dtype) and array.flags.c_contiguous:
+        if array.dtype not in WIRE_VIEWED and array.flags.c_contiguous:       # (a dtype with no Wire view)
             out = result_empty(array.shape, array.dtype) if array.nbytes < POOLED_BYTES else None
-            result = collectives.allreduce(array, resolve_op(op, average, adasum=True), name, float(prescale_factor),
+            result = collectives.allreduce(array, Average if op is None and average is None else
+                                           resolve_op(op, average, adasum=True), name, float(prescale_factor),
                                            float(postscale_factor), out, process_set)
             return adopt(result, aval_of(array.shape, array.dtype)) if result is out else to_jax(result)
     if not isinstance(tensor, jax.Array):

@@ -37,7 +37,7 @@ from ringtrain.ops import Adasum, Average, Max, Min, Sum, check_op_dtype, dtype_
 XLA_ALIGNMENT = 64
 _UNSIGNED_AS_SIGNED = {np.dtype(np.uint32): np.dtype(np.int32), np.dtype(np.uint64): np.dtype(np.int64)}
 _COMPLEX_AS_REAL = {np.dtype(np.complex64): np.dtype(np.float32), np.dtype(np.complex128): np.dtype(np.float64)}
-_WIRE_VIEWED = frozenset(_UNSIGNED_AS_SIGNED) | frozenset(_COMPLEX_AS_REAL)
+WIRE_VIEWED = frozenset(_UNSIGNED_AS_SIGNED) | frozenset(_COMPLEX_AS_REAL)     # the dtypes that travel as a Wire view
 
 
 def aligned_empty(shape, dtype):
@@ -48,9 +48,9 @@ def aligned_empty(shape, dtype):
 _SMALL = aligned.Results(XLA_ALIGNMENT)
 
 
-def result_empty(shape, dtype):
-    """aligned_empty for a result handed to JAX (to_jax): small ones are rows of shared blocks (~0.3 us, not 3.5)."""
-    return _SMALL.empty(shape, dtype)
+# result_empty(shape, dtype): aligned_empty for a result handed to JAX (to_jax); small ones are rows of shared
+# blocks (~0.3 us, not 3.5). The bound method itself: the eager call pays no frame of ours for it
+result_empty = _SMALL.empty
 
 
 def to_numpy(x):
@@ -92,11 +92,6 @@ def adopt(array, aval):
     if sharding is None:
         sharding = _SHARDINGS[device] = SingleDeviceSharding(device)
     return xla_client.batched_device_put(aval, sharding, [array], [device], False)
-
-
-def is_plain(dtype):
-    """Does the core reduce `dtype` as it is (no wire view: see Wire)?"""
-    return dtype not in _WIRE_VIEWED
 
 
 def _top_bit(dtype):
@@ -162,4 +157,4 @@ def check_scales(wire, prescale_factor, postscale_factor, what):
         raise UnsupportedDtypeError(f"{what}: prescale/postscale factors are not supported for {wire.dtype}")
 
 
-__all__ = ["Wire", "adopt", "aligned_empty", "aval_of", "is_plain", "result_empty", "to_jax", "to_numpy"]
+__all__ = ["WIRE_VIEWED", "Wire", "adopt", "aligned_empty", "aval_of", "result_empty", "to_jax", "to_numpy"]

@@ -214,8 +214,8 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
     # do_not_convert wrapper, custom_gradient or host call per call)
     if (type(tensor) is _EAGER_TENSOR and compression is _NO_COMPRESSION and not _could_record()
             and _context().executing_eagerly() and not arrays.is_gpu(tensor)):
-        return _reduce_view(arrays.host_view(tensor), resolve_op(op, average, adasum=True), prescale_factor,
-                            postscale_factor, name, process_set)
+        return _reduce_view(arrays.host_view(tensor), Average if op is None and average is None else
+                            resolve_op(op, average, adasum=True), prescale_factor, postscale_factor, name, process_set)
     if type(tensor) is not _EAGER_TENSOR and not isinstance(tensor, (tf.Tensor, tf.IndexedSlices)):
         tensor = tf.convert_to_tensor(tensor)      # lists, arrays, variables
     # any other eager tensor with no gradient tape recording: straight to the core too

@@ -11,6 +11,8 @@ Every *_async call returns a TensorHandle; `synchronize(handle)` (or `handle.wai
     hvd.init()
     total = hvd.allreduce(torch.tensor([float(hvd.rank())]), op=hvd.Sum)   # tensor([0+1+...+size-1])
 """
+import operator
+
 import ml_dtypes
 import numpy as np
 import torch
@@ -28,6 +30,8 @@ from .compression import Compression
 
 _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 _data_ptr = torch.Tensor.data_ptr
+_is_contiguous = torch.Tensor.is_contiguous
+_plain_signature = operator.attrgetter("dtype", "shape", "is_cpu")     # a recurring group's key, per tensor
 
 
 # ---------------------------------------------------------------- lifecycle and topology (thin pass-through)
@@ -228,14 +232,14 @@ def grouped_allreduce_sync(tensors: list, average=None, name: "str | None" = Non
     op = Average if op is None and average is None else resolve_op(op, average, adasum=True)
     key = None
     if op.__class__ is ReduceOp:        # (Adasum is not one)
-        # a recurring group of plain CPU tensors: described by torch's own attributes and read where it lies (the
-        # core's plan, keyed by this description; made on the first call, from the tensors' numpy views)
+        # a recurring group of plain CPU tensors: keyed by torch's own attributes (dtype, shape, is_cpu; contiguous
+        # groups only) and read where it lies (the core's plan; made on the first call, from the numpy views)
         try:
-            signature = tuple([(t.dtype, t.shape, t.is_contiguous(), t.is_cpu) for t in tensors])
-            members = tuple(map(_data_ptr, tensors))
+            signature = tuple(map(_plain_signature, tensors))
+            members = tuple(map(_data_ptr, tensors)) if all(map(_is_contiguous, tensors)) else None
         except (AttributeError, RuntimeError, TypeError):    # not tensors, or sparse: the general path says why
-            signature = None
-        if signature is not None:
+            members = None
+        if members is not None:
             results, name, key = grouped.planned_call(members, signature, op, name, prescale_factor,
                                                       postscale_factor, process_set)
             if results is not None:

@@ -188,21 +188,22 @@ def test_grouped_calls_of_one_shape_with_other_ops_and_scales():
 
 
 def test_small_groups_native_python_and_mixed_give_the_same_bits(restore_native):
-    """A recurring small group goes into the cycle's slot member by member and comes back as views of one fresh
-    array: every dtype (those the C code reduces and those Python reduces from the slots), Sum and Average, with an
-    empty and a 2-D member, gives bitwise each member's one-process reference with the native cycle on, off and on
-    one rank only; results of earlier calls keep their values."""
+    """A recurring small group is packed into one fresh array (its members read where they lie) and reduced in place
+    as one small allreduce, its results views of that array: every dtype (those the C code reduces and those Python
+    reduces from the slots), Sum and Average, with an empty and a 2-D member, gives bitwise each member's
+    one-process reference with the native cycle on, off and on one rank only; results of earlier calls keep their
+    values."""
     agreement = native_or_skip()
     comm = MPI.COMM_WORLD
     size, rank = rt.size(), rt.rank()
     grouped_outcomes = []
     native = agreement._native
-    original = native._group_call
+    original = native._call
 
     def spy(*args):
         grouped_outcomes.append(original(*args))
         return grouped_outcomes[-1]
-    native._group_call = spy
+    native._call = spy
     shapes = [(3,), (0,), (2, 5), (1,), (40,)]
     held = []
     try:
@@ -228,13 +229,13 @@ def test_small_groups_native_python_and_mixed_give_the_same_bits(restore_native)
                         assert g.tobytes() == w.tobytes(), f"rank {rank}: {name} {path} member {k}: {g} != {w}"
                     held.append((got, want))
     finally:
-        native._group_call = original
+        native._call = original
     for got, want in held:
         assert all(g.tobytes() == w.tobytes() for g, w in zip(got, want)), f"rank {rank}: a result held changed"
     many = [np.full(1, rank + k, np.int64) for k in range(1500)]      # a group of many members: no limit
     for _ in range(3):
         got = rt.grouped_allreduce(many, op=rt.Sum, name="native.group.many")
         assert [int(g[0]) for g in got] == [size * k + size * (size - 1) // 2 for k in range(1500)]
-    # the group's native entry ran, and finished some calls itself on some rank
+    # the native cycle ran the packed groups, and finished some calls itself on some rank
     assert grouped_outcomes, "no small group went through the native cycle"
     assert comm.allreduce(grouped_outcomes.count(native_cycle.DONE), op=MPI.SUM) >= 1, grouped_outcomes
