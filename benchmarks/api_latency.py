@@ -25,7 +25,9 @@ Forms (torch unless named):
   jax_eager     ringtrain.jax.allreduce(a, name=...)         (--jax)
   jax_callback  jax.pure_callback(identity, a): JAX's own floor for a host call (no collective)
   jax_convert   the eager call's conversions alone: np.asarray(a), an aligned copy, adopted back (no collective)
-The floors' x_mpi says how far a form could get if ringtrain's own part took no time at all.
+The floors' x_mpi says how far a form could get if ringtrain's own part took no time at all. x_conv_mpi (tf_eager and
+jax_eager): the ratio to that framework's conversions alone plus MPI_Allreduce, in the same round -- the reference
+for a TF or JAX caller, whose tensors must become host arrays and back whatever library reduces them.
 """
 import argparse
 import os
@@ -45,6 +47,7 @@ SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20)
 CALLS = {4 << 10: 300, 64 << 10: 150, 1 << 20: 30, 16 << 20: 6}
 QUICK_CALLS = {4 << 10: 100, 64 << 10: 40, 1 << 20: 8, 16 << 20: 2}
 OPT_IN = {"out_of_place_unstreamed"}     # forms that run only when --forms names them
+CONVERSIONS = {"tf_eager": "tf_convert", "jax_eager": "jax_convert"}    # x_conv_mpi's reference, with MPI's time
 
 
 def make_forms(args):
@@ -225,9 +228,12 @@ def main():
             base_bytes = sizes[0] if form == "scalar" else nbytes
             ratios = [v / m for v, m in zip(values, mpi[base_bytes])]
             in_place = times.get(("in_place", nbytes))
+            conversion = times.get((CONVERSIONS.get(form), nbytes))
             record = {"form": form, "ranks": size, "bytes": nbytes, "dtype": "float32", "op": "average",
                       "time_us": median(values), "rounds_us": values, "x_mpi": median(ratios),
                       "x_in_place": median([v / i for v, i in zip(values, in_place)]) if in_place else None,
+                      "x_conv_mpi": (median([v / (c + m) for v, c, m in zip(values, conversion, mpi[base_bytes])])
+                                     if conversion else None),
                       "faults_per_call": median(faults[(form, nbytes)]), "wrong": wrong[(form, nbytes)]}
             records.append(record)
         records.sort(key=lambda r: (r["bytes"] if r["form"] != "scalar" else sizes[0], list(forms).index(r["form"])))
@@ -235,13 +241,15 @@ def main():
             rows.append([human_bytes(r["bytes"]), r["form"], f"{r['time_us']:.1f}",
                          f"{min(r['rounds_us']):.1f}", f"{max(r['rounds_us']):.1f}", f"{r['x_mpi']:.2f}",
                          "-" if r["x_in_place"] is None else f"{r['x_in_place']:.2f}",
+                         "-" if r["x_conv_mpi"] is None else f"{r['x_conv_mpi']:.2f}",
                          f"{r['faults_per_call']:.0f}", r["wrong"]])
         title = (f"allreduce per call, {size} ranks, float32 Average, median of {rounds} interleaved rounds "
                  f"(slowest rank's mean per round); x_mpi: ratio to MPI_Allreduce of that size in the same round "
                  f"(scalar: to MPI at {human_bytes(sizes[0])}); x_in_place: ratio to the in-place form of that size in the same "
-                 f"round; faults: minor page faults per call (median over rounds of the most of any rank)")
-        text = format_table(["size", "form", "time_us", "min_us", "max_us", "x_mpi", "x_in_place", "faults",
-                             "#wrong"], rows, title=title)
+                 f"round; x_conv_mpi: ratio to the framework's conversions alone plus MPI_Allreduce in the same round; "
+                 f"faults: minor page faults per call (median over rounds of the most of any rank)")
+        text = format_table(["size", "form", "time_us", "min_us", "max_us", "x_mpi", "x_in_place", "x_conv_mpi",
+                             "faults", "#wrong"], rows, title=title)
         load = os.getloadavg()
         text += f"\n# load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
         print(text, flush=True)

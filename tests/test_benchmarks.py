@@ -523,6 +523,7 @@ def test_api_latency_quick_measures_every_form_beside_mpi(tmp_path):
         assert r["wrong"] == 0, r
         assert r["time_us"] > 0 and r["x_mpi"] > 0 and r["faults_per_call"] >= 0, r
         assert (r["x_in_place"] is None) == (r["form"] == "scalar"), r
+        assert r["x_conv_mpi"] is None, r       # (TF and JAX eager forms only: --tf / --jax)
     assert {r["bytes"] for r in records if r["form"] == "out_of_place"} == {4096, 262144}
     assert "x_in_place" in stdout and "faults" in stdout
 
