@@ -5,8 +5,10 @@
 Two parts, both in one job:
 
 1. End to end: every arm -- MPI_Allreduce (mpi4py, numpy buffers, then /N), the core's numpy call
-   (ringtrain.allreduce(a, name=...)) and torch in place (hvd.allreduce_(t, name=...)), each with the express
-   cycle's control plane in compiled code (native) and in Python -- runs `calls` calls per round, the arms
+   (ringtrain.allreduce(a, name=...)) and torch in place (hvd.allreduce_(t, name=...)), each with everything
+   compiled that applies (native: a recurring call while the engine is idle is one compiled call,
+   engine/fast_state.py; else the express cycle's control plane in compiled code) and in Python -- runs `calls`
+   calls per round, the arms
    interleaved round after round. Each figure: the median over rounds of the slowest rank's mean per call; x_mpi:
    the ratio to MPI_Allreduce in the same round. Both ranks switch between native and Python together.
 2. Per phase: the same calls with perf_counter_ns stamps around each step of the path (wrappers installed on every
@@ -18,7 +20,8 @@ Two parts, both in one job:
    (reduce_in_rank_order minus the scale), scale (ops.scale_into), engine's own logic (Engine.express minus the
    agreement and the executor), call overhead (the rest of the public call: binding, output allocation, routing).
    Native path: the native call (slot fill, fence, publish, wait for the peer, reduce, scale) replaces fill,
-   publish, wait, reduce and scale. A recurring call takes its plan from the engine's express memo
+   publish, wait, reduce and scale; a call the compiled planned call took whole (the usual one) shows as
+   "compiled planned call" alone (its own work and wait), the rest of its time as call overhead. A recurring call takes its plan from the engine's express memo
    (engine/express_memo.py): describe/Meta and the cache lookup then run only for a call's first sighting, and
    read ~0 per call.
 """
@@ -36,7 +39,7 @@ from mpi4py import MPI                                 # noqa: E402
 from common import format_table, human_bytes, median, source_commit   # noqa: E402
 
 PHASES = ("describe/Meta", "cache lookup", "slot fill + copy-in", "fence + publish", "wait for the peer",
-          "native call", "agreement logic", "eager reduce", "scale", "engine logic", "call overhead")
+          "native call", "compiled planned call", "agreement logic", "eager reduce", "scale", "engine logic", "call overhead")
 
 
 class Stamps:
@@ -44,7 +47,7 @@ class Stamps:
 
     def __init__(self):
         self.total = dict.fromkeys(("call", "describe", "engine", "agreement", "cache", "fill", "publish", "gather",
-                                    "native", "executor", "scale"), 0)
+                                    "native", "planned", "executor", "scale"), 0)
         self.undo = []
 
     def wrap(self, owner, attr, key):
@@ -77,6 +80,18 @@ class Stamps:
             self.wrap(agreement._native, "_call", "native")
         self.wrap(engine.executor, "express", "executor")
         self.wrap(ops, "scale_into", "scale")
+        total = self.total
+        for plan in engine.memo.plans.values():     # the compiled planned call: its record's function, stamped
+            record = plan.fast
+            if record is not None:
+                def stamped(rec, array, out, *held, real=record[0]):
+                    t0 = time.perf_counter_ns()
+                    try:
+                        return real(rec, array, out, *held)
+                    finally:
+                        total["planned"] += time.perf_counter_ns() - t0
+                plan.fast = (stamped,) + record[1:]
+                self.undo.append((plan, "fast", record, True))
 
     def remove(self):
         for owner, attr, original, own in reversed(self.undo):
@@ -92,11 +107,11 @@ class Stamps:
         native = t["native"]
         return {"describe/Meta": t["describe"], "cache lookup": t["cache"], "slot fill + copy-in": t["fill"],
                 "fence + publish": t["publish"] - t["fill"], "wait for the peer": t["gather"],
-                "native call": native,
+                "native call": native, "compiled planned call": t["planned"],
                 "agreement logic": t["agreement"] - t["publish"] - t["gather"] - native - t["cache"],
                 "eager reduce": t["executor"] - t["scale"], "scale": t["scale"],
                 "engine logic": t["engine"] - t["agreement"] - t["executor"],
-                "call overhead": t["call"] - t["engine"] - t["describe"], "total": t["call"]}
+                "call overhead": t["call"] - t["engine"] - t["describe"] - t["planned"], "total": t["call"]}
 
 
 def own_work(nbytes, size, calls=2000):
@@ -194,6 +209,8 @@ def main():
 
     def use(path):
         comm.Barrier()
+        engine.fast.off()                               # the compiled planned call too, or neither
+        engine.fast.on = path == "native"
         agreement._native = native if path == "native" else None
         comm.Barrier()
 

@@ -20,29 +20,16 @@
  *   of the group's total size. DONE: out holds the reduced group (its members' results are its slices). Any other
  *   outcome: out holds the packed inputs (copied back from our own slot, which no peer writes), so the caller goes
  *   on exactly as with a packed input array (`array is out`).
+ *
+ * fast, fast_arm, fast_disarm, fast_resolved, clock_ns: a planned call's whole express call (express_fast.c).
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
+#include "express_ctx.h"
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <sched.h>
-
-#define RT_NOT_YET 0
-#define RT_DONE 1
-#define RT_ARRIVED 2
 
 /* kind: dtype * 2 + (1 when the result is scaled); dtypes: */
 enum { F32 = 0, F64 = 1, I32 = 2, I64 = 3 };
-
-typedef struct {
-    int rank, size;
-    int64_t header_bytes;          /* where a slot's eager data begins */
-    int64_t bitmap_offset;         /* where a slot's bitmap words begin */
-    int64_t *published[256];
-    char *slots[256][2];
-} rt_ctx;
 
 static void *rt_ctx_new(int rank, int size, int64_t header_bytes, int64_t bitmap_offset, const int64_t *published,
                         const int64_t *slots) {
@@ -59,12 +46,6 @@ static void *rt_ctx_new(int rank, int size, int64_t header_bytes, int64_t bitmap
         ctx->slots[p][1] = (char *)(intptr_t)slots[2 * p + 1];
     }
     return ctx;
-}
-
-static int64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
 static inline void cpu_relax(void) {
@@ -131,7 +112,7 @@ static void reduce(int kind, int size, char **data, void *out, int64_t nbytes, d
     }
 }
 
-static int rt_express(void *handle, int64_t c, int64_t flags, int64_t cid, int64_t words, const void *src, int64_t nbytes,
+RT_HIDDEN int rt_express(void *handle, int64_t c, int64_t flags, int64_t cid, int64_t words, const void *src, int64_t nbytes,
                void *out, int kind, double scale, int64_t divisor, int64_t spin_ns) {
     rt_ctx *ctx = (rt_ctx *)handle;
     const int rank = ctx->rank, size = ctx->size, parity = (int)(c & 1);
@@ -183,8 +164,6 @@ static int rt_express(void *handle, int64_t c, int64_t flags, int64_t cid, int64
 }
 
 /* ---- the Python module ------------------------------------------------------------------------------------- */
-#define CAPSULE "ringtrain.express_cycle.ctx"
-
 static void capsule_free(PyObject *capsule) { free(PyCapsule_GetPointer(capsule, CAPSULE)); }
 
 /* ctx_new(rank, size, header_bytes, bitmap_offset, published addresses (tuple), slot addresses (tuple, 2 a rank)) */
@@ -339,6 +318,11 @@ static PyMethodDef methods[] = {
      "one express cycle of a small group's members (see the file's head)"},
     {"pack_group", (PyCFunction)(void (*)(void))py_pack_group, METH_FASTCALL,
      "a group's members back to back into one buffer"},
+    {"fast", (PyCFunction)(void (*)(void))py_fast, METH_FASTCALL, "a planned express call whole (express_fast.c)"},
+    {"fast_arm", (PyCFunction)(void (*)(void))py_fast_arm, METH_FASTCALL, "arm the planned call's state"},
+    {"fast_disarm", (PyCFunction)(void (*)(void))py_fast_disarm, METH_FASTCALL, "disarm (and drain) it"},
+    {"fast_resolved", (PyCFunction)(void (*)(void))py_fast_resolved, METH_FASTCALL, "an unresolved cycle is done"},
+    {"clock_ns", (PyCFunction)(void (*)(void))py_clock_ns, METH_FASTCALL, "the ctx's clock (CLOCK_MONOTONIC), ns"},
     {"nothing", (PyCFunction)(void (*)(void))py_nothing, METH_FASTCALL, "no work: what a call alone costs"},
     {NULL, NULL, 0, NULL}};
 

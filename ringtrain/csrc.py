@@ -39,8 +39,8 @@ def cache_dir():
 
 
 def build_library(command, source, target, timeout=BUILD_TIMEOUT_S):
-    """Compile `source` into the shared library `target` with `command` (a list: compiler and flags; the source and
-    `-o target` are added), atomically: ranks starting together take a file lock, one compiles and the others load
+    """Compile `source` (a path, or a list of paths compiled together) into the shared library `target` with
+    `command` (a list: compiler and flags; the sources and `-o target` are added), atomically: ranks starting together take a file lock, one compiles and the others load
     its library, and a peer never loads a half-written file. Raises OSError, RuntimeError or a subprocess error."""
     import fcntl
     import subprocess
@@ -54,7 +54,8 @@ def build_library(command, source, target, timeout=BUILD_TIMEOUT_S):
         fd, partial = tempfile.mkstemp(suffix=".so", dir=folder)
         os.close(fd)
         try:
-            done = subprocess.run(list(command) + [source, "-o", partial], capture_output=True, text=True,
+            sources = [source] if isinstance(source, str) else list(source)
+            done = subprocess.run(list(command) + sources + ["-o", partial], capture_output=True, text=True,
                                   timeout=timeout)
             if done.returncode != 0:
                 raise RuntimeError(f"{' '.join(command)} exited {done.returncode}: {done.stderr.strip()[-2000:]}")
@@ -64,17 +65,21 @@ def build_library(command, source, target, timeout=BUILD_TIMEOUT_S):
                 os.remove(partial)
 
 
-def built(source_name, command, key=(), suffix=".so", timeout=BUILD_TIMEOUT_S):
+def built(source_name, command, key=(), suffix=".so", timeout=BUILD_TIMEOUT_S, also=()):
     """The path of csrc/`source_name` compiled with `command` (see build_library), built now if the cache lacks it.
     `key`: the versions the library depends on (Python's, a framework's), hashed into its name with the source text,
-    the platform and the command."""
-    source = os.path.join(find([source_name]), source_name)
-    with open(source, encoding="utf-8") as f:
-        text = f.read()
-    digest = hashlib.sha256("\0".join([text, sys.platform, *key, *command]).encode()).hexdigest()[:16]
+    the platform and the command. `also`: more csrc/ files of the same library -- sources (.c) compiled with it,
+    headers it includes -- whose text is hashed too."""
+    folder = find([source_name, *also])
+    paths = [os.path.join(folder, name) for name in (source_name, *also)]
+    texts = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            texts.append(f.read())
+    digest = hashlib.sha256("\0".join([*texts, sys.platform, *key, *command]).encode()).hexdigest()[:16]
     target = os.path.join(cache_dir(), f"{os.path.splitext(source_name)[0]}-{digest}{suffix}")
     if not os.path.exists(target):
-        build_library(command, source, target, timeout)
+        build_library(command, [p for p in paths if p.endswith((".c", ".cc"))], target, timeout)
     return target
 
 

@@ -44,6 +44,32 @@ class _OpStats:
             self.samples[int(self._rng.random() * RESERVOIR_SIZE)] = float(seconds)
             self._skip()
 
+    def add_many(self, count, nbytes, seconds, samples):
+        """`count` collectives at once (the compiled express call's, drained): `samples` are the durations of the
+        last len(samples) of them (the earlier ones' are lost to the reservoir, not to the counts)."""
+        self.nbytes += nbytes
+        self.seconds += seconds
+        kept = self.samples
+        lost = count - len(samples)
+        if lost > 0:
+            self.count += lost
+            if len(kept) >= RESERVOIR_SIZE and self._next <= self.count:
+                self._skip()
+        i, n = 0, len(samples)
+        while i < n and len(kept) < RESERVOIR_SIZE:
+            self.count += 1
+            kept.append(samples[i])
+            i += 1
+            if len(kept) == RESERVOIR_SIZE:
+                self._skip()
+        base = self.count
+        top = base + n - i
+        while len(kept) >= RESERVOIR_SIZE and self._next <= top:
+            self.samples[int(self._rng.random() * RESERVOIR_SIZE)] = float(samples[i + self._next - base - 1])
+            self.count = self._next
+            self._skip()
+        self.count = top
+
     def _skip(self):
         """Algorithm L (Li 1994): how many samples pass before the next one replaces a kept one, drawn once per
         replacement. The reservoir is a uniform sample of every sample so far, as with a coin per sample

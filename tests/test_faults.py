@@ -207,6 +207,21 @@ def test_skipped_step_warns_then_stall_error_and_the_loop_goes_on(n, env):
         assert f"rank {rank}: STEPS DONE" in job.output, job
 
 
+def test_a_cycle_its_caller_never_finishes_ends_in_a_stall_error_naming_it():
+    """The compiled express call published a cycle and its caller never came back to finish it: the engine fails
+    with a StallError naming the allreduce after the stall timeout (no pass runs over that cycle meanwhile), the
+    peers learn of it, and the job ends -- never a hang."""
+    job = run_job("unresolved_cycle.py", 2, RINGTRAIN_STALL_TIMEOUT_S="2")
+    if "NO COMPILED CALL" in job.output:
+        pytest.skip("no compiled express call here")
+    assert job.returncode != 0 and job.seconds < MUST_END_S, job
+    assert "rank 0: OUTCOME 0" in job.output, job
+    for rank in range(2):
+        line = job.caught(rank)
+        assert line and "'gap.call'" in line and "has not finished that cycle" in line, job
+    _assert_no_leftovers(job.pids())
+
+
 def test_exception_in_training_loop_ends_job_and_names_rank():
     job = run_job("raise_in_loop.py", 3)
     assert job.returncode != 0, job

@@ -176,3 +176,53 @@ def test_reduce_how_takes_only_what_the_c_code_reduces_bitwise():
         assert native_cycle.reduce_how(dtype, ReduceOp.SUM, 1.0, 2) is None
     for op in (ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT):
         assert native_cycle.reduce_how("float32", op, 1.0, 2) is None
+
+
+def test_the_compiled_call_keeps_its_state_until_drained():
+    """fast(): nothing unless armed and the record's generation is the ctx's; while armed, each call is one cycle
+    (the peer's slot read, the result reduced) with its count, bytes and ring entry kept in the ctx; a late peer
+    leaves the cycle unresolved and disarms; a full ring declines until drained; the drain returns every call in
+    call order, stamped with perf_counter's clock."""
+    world = World(2)
+    module = native_cycle.library()
+    ctx = world.native._ctx
+    how = how_for("float32", ReduceOp.SUM, 2)
+    rec = (module.fast, ctx, 7, 3, how[0], how[1], how[2])
+    stale = (module.fast, ctx, 6, 3, how[0], how[1], how[2])
+    a = np.arange(16, dtype=np.float32)
+    try:
+        out = np.zeros_like(a)
+        assert module.fast(rec, a, out) is None                         # not armed
+        assert module.fast_disarm(ctx) is None                          # nothing to drain
+        assert module.fast_arm(ctx, 10, 7, WORDS, 50_000, 0) is True
+        assert module.fast(stale, a, out) is None                       # a plan read at another cache generation
+        before = time.perf_counter()
+        for c in (11, 12, 13):
+            world.peer_publishes(1, c, 0, 1 << 3, (3, a * c))
+            assert module.fast(rec, a, out) is True, c
+            np.testing.assert_array_equal(out, a + a * c)
+        assert module.fast(rec, a, out) == native_cycle.NOT_YET        # the peer has not published 14
+        assert world.published[0][0] == 14
+        assert module.fast(rec, a, out) is None                         # disarmed by the unresolved cycle
+        assert module.fast_arm(ctx, 13, 7, WORDS, 50_000, 0) is False   # and not armed again until it is resolved
+        after = time.perf_counter()
+        cycle, unresolved, ucid, last_end, count, nbytes, ns, cids, starts, ends = module.fast_disarm(ctx)
+        assert (cycle, unresolved, ucid, count, nbytes, cids) == (13, 14, 3, 3, 3 * a.nbytes, [3, 3, 3])
+        assert before * 1e9 <= starts[0] <= ends[0] <= starts[1] <= ends[2] == last_end <= after * 1e9
+        assert ns == sum(e - s for s, e in zip(starts, ends))
+        module.fast_resolved(ctx)
+        assert module.fast_disarm(ctx) is None
+        # a full ring: the call declines (its caller goes the Python way, which drains), nothing is lost
+        assert module.fast_arm(ctx, 100, 7, WORDS, 50_000, 1) is True   # stub: no window, DONE at once
+        taken = sum(module.fast(rec, a, a) is True for _ in range(5000))
+        assert taken == 4096
+        got = module.fast_disarm(ctx)
+        assert got[0] == 100 + 4096 and got[4] == 4096 and len(got[7]) == 4096
+        assert module.fast_arm(ctx, got[0], 7, WORDS, 50_000, 1) is True
+        assert module.fast(rec, a, a) is True
+        module.fast_disarm(ctx, 0)                                      # disarm only: the count waits for a drain
+        assert module.fast(rec, a, a) is None
+        assert module.fast_disarm(ctx)[4] == 1
+        assert abs(module.clock_ns() - time.perf_counter_ns()) < 1e8       # one clock
+    finally:
+        world.close()

@@ -82,6 +82,7 @@ class _Collector:
             ps = str(set_id)
             size = engine.size
             total = 0
+            engine.fast.drain()
             for kind, s in engine.stats.local().items():
                 key = [rank, ps, kind]
                 count.add_metric(key, s["count"])

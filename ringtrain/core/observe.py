@@ -20,8 +20,10 @@ def dump_flight_recorder(directory: "str | None" = None, reason: str = "requeste
     `directory` (default RINGTRAIN_FLIGHT_RECORDER_DIR, else one directory per job under the system's temporary
     directory), the engines of this rank's process sets beside it. Returns the world engine's file, or None when
     the recorder is off. Merge every rank's files with `python -m ringtrain.doctor DIRECTORY`."""
+    state.engine().fast.drain()
     path = state.engine().observer.dump(reason, directory)
     for _, engine in set_registry.member_engines():
+        engine.fast.drain()
         engine.observer.dump(reason, directory)
     return path
 

@@ -157,9 +157,11 @@ def _install_dump_signal():
 
 
 def _dump_on_signal(signum, frame):
-    # reads the ring buffers only: takes no lock the interrupted code may hold
+    # reads the ring buffers only: takes no lock the interrupted code may hold (the compiled calls' entries are
+    # drained first only when the progress lock is free)
     for _, engine in _engines():
         try:
+            engine.fast.drain(blocking=False)
             engine.observer.dump(f"signal {signal.Signals(signum).name}")
         except Exception:
             logging.getLogger("ringtrain").exception("ringtrain: could not write the flight recorder on a signal")

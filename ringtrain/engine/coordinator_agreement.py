@@ -20,6 +20,7 @@ class CoordinatorAgreement:
     """Every decision through rank 0, asynchronously: ranks send what they submit, rank 0 answers with actions."""
 
     synchronous = False              # ranks name cache ids in messages at any time (see response_cache.py)
+    fast = None                      # the planned call in compiled code (fast_state.py): cycles on a window only
 
     def __init__(self, control, config, watchdog, cache_capacity):
         self.control, self.config, self.watchdog = control, config, watchdog
@@ -42,7 +43,7 @@ class CoordinatorAgreement:
         self._flush_items()
         self._outbox.append((kind,))
 
-    def express(self, name, meta, array, out, make_request, plan=None, members=None):
+    def express(self, name, meta, array, out, make_request, plan=None, members=None, resumed=None):
         """No express path when every decision goes through rank 0 (see cycle_agreement.CycleAgreement.express)."""
         return None
 

@@ -32,6 +32,7 @@ from .model import Collective, Source, express_eligible
 from ..errors import StallError
 from .negotiation import SAME_EVERYWHERE, fuse_allreduces
 from ..ops import DTYPES, result_scale
+from .fast_state import FastState
 from . import native_cycle
 from ..transports.segments import Segments
 
@@ -70,6 +71,7 @@ class CycleAgreement(CoordinatorAgreement):
         self._native_how = {}            # id -> how the native cycle reduces it (native_cycle.reduce_how)
         self._peers = exchange.peers
         self._eager_bytes = exchange.eager_bytes
+        self.fast = FastState.open(self, self._native)    # a planned call whole in compiled code, or None
         self.stragglers = None           # the engine's Stragglers (stragglers.py): who we wait for, and how long
 
     # ---- input -----------------------------------------------------------------------------------------------
@@ -178,7 +180,7 @@ class CycleAgreement(CoordinatorAgreement):
         return action
 
     # ---- express -------------------------------------------------------------------------------------------
-    def express(self, name, meta, array, out, make_request, plan=None, members=None):
+    def express(self, name, meta, array, out, make_request, plan=None, members=None, resumed=None):
         """One cycle for one cached host allreduce when nothing else is pending on this rank: what add() and poll()
         would do, minus their bookkeeping. Publish its id as our only ready bit (with its data when it fits a slot),
         gather, and if no rank raised a flag and every rank has that id ready, the Collective of this array alone,
@@ -192,7 +194,7 @@ class CycleAgreement(CoordinatorAgreement):
         plan: the call's ExpressPlan (express_memo.py): its cache id and native reduce, re-read whenever the cache
         changed since they were read. members: a small group's (native_cycle.py); `array` (which is `out`) holds
         its packed inputs on every outcome but True and None."""
-        if self._ready or self._handed or self._dirty or not array.nbytes:
+        if resumed is None and (self._ready or self._handed or self._dirty or not array.nbytes):
             return None
         if plan is None:
             cid = self.cache.get((name, meta))
@@ -201,28 +203,14 @@ class CycleAgreement(CoordinatorAgreement):
             if plan.generation != self.cache.updates:
                 self._read_plan(plan)
             cid, how = plan.cid, plan.how
-            native = self._native
             # the usual call: cached, natively reduced, small enough for a slot wherever it lies (plan.native),
             # with C-contiguous buffers (a plan's array is; `out` may be the caller's): the compiled cycle straight
-            if plan.native and native is not None and (out is array or out.flags.c_contiguous):
-                c = self._cycle + 1
-                coordinator = self.coordinator
-                flags = (_COORDINATOR_BUSY if coordinator is not None and (coordinator.pending or coordinator.joined)
-                         else 0)
-                self._exchange._parity = c & 1
-                start = time.perf_counter()
-                if members is None:
-                    outcome = native._call(native._ctx, c, flags, cid, self._words, array, out, how[0], how[1],
-                                           how[2], _SPIN_NS)
-                else:           # a small group: its members straight into the slot, `out` its packed result
-                    outcome = native._group_call(native._ctx, c, flags, cid, self._words, members[0], members[1], out,
-                                                 how[0], how[1], how[2], _SPIN_NS)
-                if outcome == native_cycle.DONE:
-                    return self._native_done(c, cid)
-                if outcome == native_cycle.NOT_YET:
-                    self._exchange.gather(c, start)
+            if plan.native and self._native is not None and (out is array or out.flags.c_contiguous):
                 bit = 1 << cid
-                c, flags, ready = self._read_snapshot(c, flags, bit)
+                got = self._native_cycle(cid, bit, array, out, meta, how, members, resumed)
+                if got is True:
+                    return True
+                c, flags, ready = got
                 return self._express_outcome(name, meta, cid, bit, array, out, make_request, (cid, array), c, flags,
                                              ready)
         if cid is None:
@@ -267,6 +255,8 @@ class CycleAgreement(CoordinatorAgreement):
         plan.how = how = False if cid is None else self._how(cid, plan.meta)
         plan.native = bool(how) and 0 < plan.nbytes <= min(self._eager_bytes, SHARED_EAGER_BYTES)
         plan.generation = self.cache.updates
+        fast = self.fast
+        plan.fast = fast.record(plan.generation, cid, how) if plan.native and fast is not None else None
 
     def _how(self, cid, meta):
         """How the native cycle reduces cached id `cid` (made once per id; dropped when the id changes)."""
@@ -276,22 +266,32 @@ class CycleAgreement(CoordinatorAgreement):
                 meta.dtype, meta.op, result_scale(meta.op, meta.scales[1], self.size), self.size)
         return how
 
-    def _native_cycle(self, cid, bit, array, out, meta, how=False):
+    def _native_cycle(self, cid, bit, array, out, meta, how=False, members=None, resumed=None):
         """The express cycle in one native call (native_cycle.py): True when it reduced the slots into `out`, else
         (cycle, flags, ready) read from the snapshot exactly as _exchange_slots returns them. how: the native
-        reduce when the caller knows it (an ExpressPlan's), else False."""
-        exchange = self._exchange
+        reduce when the caller knows it (an ExpressPlan's), else False. members: a small group's, straight into the
+        slot (`out` its packed result). resumed: the outcome of the compiled call (fast_state.py) that published
+        this cycle already: go on from there."""
+        native = self._native
         c = self._cycle + 1
         coordinator = self.coordinator
         flags = _COORDINATOR_BUSY if coordinator is not None and (coordinator.pending or coordinator.joined) else 0
         if how is False:
             how = self._how(cid, meta)
+        kind, scale, divisor = how or (-1, 1.0, 1)
+        self._exchange._parity = c & 1
         start = time.perf_counter()
-        outcome = exchange.express(c, flags, cid, self._words, array, out, how)
+        if resumed is not None:
+            outcome = resumed
+        elif members is None:
+            outcome = native._call(native._ctx, c, flags, cid, self._words, array, out, kind, scale, divisor, _SPIN_NS)
+        else:
+            outcome = native._group_call(native._ctx, c, flags, cid, self._words, members[0], members[1], out, kind,
+                                         scale, divisor, _SPIN_NS)
         if outcome == native_cycle.DONE:
             return self._native_done(c, cid)
         if outcome == native_cycle.NOT_YET:
-            exchange.gather(c, start)
+            self._exchange.gather(c, start)
         return self._read_snapshot(c, flags, bit)
 
     def _native_done(self, c, cid):

@@ -215,13 +215,6 @@ class WindowExchange(_Exchange):
         self._win.Sync()
         self._published[self.rank][0] = c
 
-    def express(self, c, flags, cid, words, array, out, how):
-        """publish() of cycle c with one id and `array` as its eager data, a bounded wait for the peers and, when
-        the snapshot allows, the reduce into `out`, in one native call (native_cycle.py): DONE (out holds the
-        result), ARRIVED (every slot of cycle c is here: read them as after gather()) or NOT_YET (call gather())."""
-        self._parity = c % 2
-        return self.native.express(c, flags, cid, words, array, out, how)
-
     def gather(self, c, start=None):
         """start: when this rank began waiting, if before this call (perf_counter)."""
         published = self._published

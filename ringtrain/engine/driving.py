@@ -57,8 +57,11 @@ class Driver:
                     continue
                 try:
                     if first is not None:
-                        engine._take_submissions()
-                        engine._register(first)
+                        if engine.fast.take():    # a caller's compiled call left its cycle to finish: no register
+                            engine.intake.queue.put(first)
+                        else:
+                            engine._take_submissions()
+                            engine._register(first)
                         first = None
                     busy = engine._guarded_pass()
                 finally:
@@ -109,6 +112,7 @@ class Driver:
         if now < self._next_look:
             return
         self._next_look = now + OBSERVE_S
+        self.engine.fast.off()         # the straggler scores may change what an express call must report
         try:
             self.engine.observer.observe(now)
         except Exception:

@@ -12,16 +12,19 @@ hand-off to the engine thread and no OS wake-up on the way back, and when no pas
 A synchronous host allreduce with nothing else in flight goes further (express()): one agreement cycle on the
 caller's thread, then the reduction -- from the cycle's slots when it fits them, else the transport call itself --
 with no request, handle or action at all; when that cycle's snapshot says anything else it becomes an ordinary
-request then and there. A small asynchronous allreduce submitted while nothing else is in flight is held back
-(hold(): its HeldHandle alone, no request yet) so that a prompt wait() runs it the express way too; anything else
-hands it to the engine. The background thread keeps asynchronous collectives moving while the caller computes, and
+request then and there. A recurring small one (a plan the compiled call takes whole) is one C call while the engine
+is idle: fast_state.py arms that call after an express call and takes its state back before anything else touches
+the agreement. A small asynchronous allreduce submitted while nothing else is in flight is held back (held.py: its
+HeldHandle alone, no request yet) so that a prompt wait() runs it the express way too; anything else hands it to
+the engine. The background thread keeps asynchronous collectives moving while the caller computes, and
 follows peers into agreement cycles while this rank is idle (not right after an express call: see _pass).
 
 Every wait is a polled wait through the Watchdog, so a dead peer, a stall or an abort ends in an error naming
 ranks and tensors, never a hang.
 
 Beside this module: intake.py (the queue, the names in flight, the held-back request), driving.py (who runs the
-passes and how they wait), control.py (the control messages), failure.py (what a failed pass becomes).
+passes and how they wait), control.py (the control messages), failure.py (what a failed pass becomes), held.py (the
+held-back async allreduces), fast_state.py (the compiled call's state).
 """
 import logging
 import sys
@@ -38,10 +41,12 @@ from ..errors import RankFailureError, ShutdownError, StallError
 from .executor import Executor
 from .express_memo import ExpressMemo
 from .failure import DEAD_PEER_EXIT_GRACE_S, FailedIn, arm_hard_exit, pass_failure
+from .fast_state import NO_FAST
 from . import flight_recorder
 from .flight_recorder import ERROR, FINISHED
 from .fusion import HOST_OPS
 from .handle import Handle
+from .held import HeldCalls
 from .intake import Intake
 from .observer import Observer
 from .request import Request
@@ -78,7 +83,9 @@ class Engine:
         self._running = ()              # the requests of the collective being executed
         self.wake = threading.Event()
         self.intake = Intake(self.rank, self.wake)     # the queue, the names in flight, a held-back allreduce
-        self.intake.materialize = self._materialize
+        self.held = HeldCalls(self)     # small async allreduces held back for a prompt wait (held.py)
+        self.hold, self.run_held = self.held.hold, self.held.run
+        self.intake.materialize = self.held.materialize
         self._state_lock = self.intake.lock
         self._progress_lock = threading.Lock()
         self.failed = None              # a fatal RingtrainError: every later call raises it
@@ -87,6 +94,8 @@ class Engine:
         self.join_handle = None
         self.shutdown_requested = False
         self.finished = threading.Event()   # the engine stopped: shutdown agreed, or a fatal failure
+        self.fast = self.agreement.fast or NO_FAST     # a planned allreduce whole in compiled code (fast_state.py)
+        self.fast.attach(self)
         self.driver = Driver(self)      # who runs the passes, and how they wait in between
         self.thread = threading.Thread(target=self.driver.background, name="ringtrain-engine", daemon=True)
         self.thread.start()
@@ -99,57 +108,6 @@ class Engine:
         self.intake.flush()
         self.intake.put(request)
 
-    def hold(self, held):
-        """A small async allreduce with an ExpressPlan (up to handle.DEFER_BYTES), submitted while nothing else is in flight
-        here, is *held back*: no request is made and the background thread is not woken; its HeldHandle records the
-        call. A prompt wait() then runs it express on the caller's thread (run_held: one agreement cycle, no thread
-        hand-off, what a synchronous call costs). Anything else hands it to the engine first as an ordinary request,
-        in submission order: another submission or call on this engine, a poll() of its handle, any engine pass (a
-        peer's cycle included), or else the background thread's next look, within driving.IDLE_SLEEP_S.
-        True when held (its name is in flight from now on; a name already in flight raises); False when the engine
-        is not idle and the caller submits it as a request."""
-        intake = self.intake
-        with self._state_lock:         # (the intake's lock: state, admission and the hold in one critical section)
-            if self.failed is not None:
-                raise self.failed
-            if self.shutdown_requested:
-                raise ShutdownError("ringtrain is shutting down; no new collectives")
-            # nothing held or queued, nothing in flight here and no caller driving
-            if (intake.deferred is not None or self.requests or self.join_handle is not None or self.driver.count
-                    or not intake.queue.empty()):
-                return False
-            name = held.names[0]
-            if name in intake.names:
-                intake.admit(name)      # (raises)
-            intake.names.add(name)
-            intake.deferred = held
-            return True
-
-    def run_held(self, held):
-        """wait() on a HeldHandle: run it express on this thread when it is still held. Its handle has its result
-        when that finished it; otherwise it is an ordinary request now (or was already) and the caller drives on."""
-        intake = self.intake
-        with intake.lock:
-            if intake.deferred is not held:     # handed to the engine already
-                return
-            intake.deferred = None
-        name = held.names[0]
-        outcome = self.express(name, held.plan.meta, held.array, held.out, held, held.plan)
-        if outcome is True:
-            intake.names.discard(name)      # (one atomic set operation: no lock needed to drop our own name)
-            held._result = held.out
-            held._finish()
-        elif outcome is None:               # express did not apply: an ordinary request after all
-            intake.put(self._materialize(held))
-
-    def _materialize(self, held):
-        """The Request of a held-back allreduce handed to the engine (its name is in flight already), with its
-        flight-recorder entry."""
-        plan = held.plan
-        request = Request(held.names[0], plan.meta, (held.array,), (held.out,), held, HOST_OPS, plan=plan)
-        self.recorder.begin(request.name, plan.meta, held.times["submitted"], held)
-        return request
-
     def run(self, request):
         """A synchronous collective: the caller drives the engine until `request` is done. When no one else is
         running a pass the request skips the queue (after what this thread queued before it, so the order of
@@ -160,6 +118,7 @@ class Engine:
 
     def _admit(self, request):
         """The request is this rank's in flight from now on (a name already in flight raises)."""
+        self.fast.drain(blocking=False)     # (the compiled calls' flight-recorder entries come before its own)
         with self._state_lock:
             if self.failed is not None:
                 raise self.failed
@@ -178,6 +137,7 @@ class Engine:
                 raise self.failed
 
     def join(self, handle):
+        self.fast.off()
         with self._state_lock:
             if self.failed is not None:
                 raise self.failed
@@ -185,6 +145,7 @@ class Engine:
         self.intake.put(("join", handle))
 
     def shutdown(self, timeout):
+        self.fast.off()
         with self._state_lock:
             self.shutdown_requested = self.closed = True
         self.intake.flush()
@@ -213,10 +174,13 @@ class Engine:
     def timeline(self, timeline):
         """ringtrain.start_timeline() swaps in a new file at run time (never None: a stopped one is closed instead,
         and a closed Timeline ignores events, so whichever thread runs the engine may keep calling it)."""
+        self.fast.off()
         self.executor.timeline = timeline
 
     @property
     def stats(self):
+        """The communication stats, with the compiled calls' counts booked first (another thread's read)."""
+        self.fast.drain()
         return self.executor.stats
 
     def drive(self, handle, deadline=None):
@@ -230,6 +194,8 @@ class Engine:
         if self.finished.is_set():
             return False
         try:
+            if self.fast.take(True):     # a caller's compiled call published a cycle it finishes itself (express)
+                return False
             return self._pass(background)
         except BaseException as e:
             self._pass_failed(e)
@@ -252,7 +218,7 @@ class Engine:
             raise e
 
     # ------------------------------------------------------------------------------------------------ express
-    def express(self, name, meta, array, out, held=None, plan=None, members=None):
+    def express(self, name, meta, array, out, held=None, plan=None, members=None, resumed=None):
         """A synchronous allreduce of one host array (or the Segments of a grouped one), tried in one agreement
         cycle on the caller's thread with no request, handle or queue (cycle_agreement.CycleAgreement.express), then
         reduced from the cycle's slots or, too large for them, on the transport right here: True when `out` holds
@@ -262,24 +228,32 @@ class Engine:
         `plan`: the call's ExpressPlan (express_memo.py; made only for express-eligible calls). `members`: a small
         group's (sources, sizes), with `array is out` a fresh packed buffer (native_cycle.py): unless True comes
         back, `array` holds the packed inputs -- or, on None, is not filled at all."""
-        if self.intake.deferred is not None:
-            self.intake.flush()
-        timeline = self.executor.timeline
-        if (self.requests or self.join_handle is not None or (timeline is not None and not timeline.closed)
-                or (plan is None and not express_eligible(meta) and (self.size > 1 or meta.device != "cpu"))):
-            return None
         lock = self._progress_lock
-        if not lock.acquire(False):
-            return None
+        if resumed is None:
+            if self.intake.deferred is not None:
+                self.intake.flush()
+            timeline = self.executor.timeline
+            if (self.requests or self.join_handle is not None or (timeline is not None and not timeline.closed)
+                    or (plan is None and not express_eligible(meta) and (self.size > 1 or meta.device != "cpu"))):
+                return None
+            if not lock.acquire(False):
+                return None
+        else:       # the compiled call (plan.fast) published its cycle: only this caller may finish it
+            lock.acquire()
         entry = None
         try:
-            # (closed: failed, shutting down or finished; the queue: a submission from another thread)
-            if self.closed or self.requests or not self.intake.queue.empty():
+            if resumed is not None:
+                self.fast.resolved()
+                self.fast.take()
+            # (closed: failed, shutting down or finished; the queue: a submission from another thread; an
+            # unresolved cycle: another caller's compiled call published it, and that caller finishes it)
+            elif self.fast.take() or self.closed or self.requests or not self.intake.queue.empty():
                 return None
             start = time.perf_counter()
             entry = self.recorder.begin(name, meta, start if held is None else held.times["submitted"])
             outcome = self.agreement.express(name, meta, array, out, self._express_request if held is None
-                                             else partial(self._express_request, held=held), plan, members)
+                                             else partial(self._express_request, held=held), plan, members,
+                                             resumed)
             if outcome is True or outcome.__class__ is Collective:     # agreed in its own cycle: this array alone
                 if outcome is not True:             # True: the native cycle reduced it already (native_cycle.py)
                     self.executor.express(outcome, array, out)
@@ -287,6 +261,8 @@ class Engine:
                 self._express_stats.add(array.nbytes, end - start)    # (progress lock held: see CommStats.op)
                 if entry is not None:
                     entry[FINISHED] = end
+                if members is None and plan is not None and plan.fast is not None:    # its next call may be C's
+                    self.fast.arm()
                 return True
             if outcome is None:
                 self.recorder.retract(entry)
@@ -427,6 +403,7 @@ class Engine:
         period unless the job is elastic: MPI can no longer finish collectives with that peer (MPI_Finalize
         included), and an ignored error must not leave the job hanging."""
         exit_soon = exit_soon or fatal_peer
+        self.fast.off()
         if self.failed is None and not isinstance(error, ShutdownError):
             self.observer.dump(error)
         if exit_soon:
@@ -476,6 +453,7 @@ class Engine:
         """Leave this world without another MPI call on it (a peer died; an elastic job forms a new world): every
         wait ends with `error` on the engine's own thread (the watchdog's abort), so pending requests and the join
         handle get it, and the thread stops. Nothing is freed: freeing is collective, and a peer is gone."""
+        self.fast.off()
         with self._state_lock:
             self.shutdown_requested = self.closed = True
         self.abort(str(error))
@@ -490,6 +468,7 @@ class Engine:
 
     def close(self):
         """Free MPI resources (collective); only after every rank's engine stopped cleanly."""
+        self.fast.off()                 # (its plans' records hold the window's ctx: never armed past this)
         self.executor.close()
         self.agreement.close()
         try:

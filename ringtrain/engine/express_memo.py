@@ -25,7 +25,7 @@ CAPACITY = 4096
 class ExpressPlan:
     """One recurring allreduce's express facts (see the module docstring). cid / how / generation are the
     agreement's to fill: generation -1 means not read yet."""
-    __slots__ = ("name", "meta", "nbytes", "cid", "how", "native", "generation")
+    __slots__ = ("name", "meta", "nbytes", "cid", "how", "native", "generation", "fast")
 
     def __init__(self, name, meta):
         self.name = name
@@ -35,6 +35,7 @@ class ExpressPlan:
         self.how = None             # the native cycle's reduce for it (native_cycle.reduce_how), at `generation`
         self.native = False         # the compiled cycle takes the call whole, at `generation` (the agreement's)
         self.generation = -1        # the cache's update count when cid and how were read
+        self.fast = None            # the compiled module's record of the whole call (CycleAgreement._read_plan)
 
 
 class ExpressMemo:

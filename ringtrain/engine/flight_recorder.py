@@ -57,6 +57,26 @@ class FlightRecorder:
             attach(entry, handle)
         return entry
 
+    def add_finished(self, entries, since):
+        """Finished express calls the compiled call ran (fast_state.py): (name, meta, start, end) each, oldest first,
+        all after entry `since` (the last seq when it was armed). An entry recorded after `since` was recorded after
+        the compiled call was disarmed (every recording thread disarms it first), so after all of these: it moves
+        behind them, keeping the ring in call order."""
+        if not self.capacity:
+            return
+        ring, mask, last = self._ring, self._mask, self.seq
+        later = [ring[s & mask] for s in range(max(since + 1, last - self.capacity + 1), last + 1)]
+        seq = since + max(0, len(entries) - self.capacity)
+        for name, meta, start, end in entries[-self.capacity:]:
+            seq += 1
+            ring[seq & mask] = [seq, name, meta, start, None, end, None]
+        for entry in later:
+            if entry is not None and entry[SEQ] > since:
+                seq += 1
+                entry[SEQ] = seq
+                ring[seq & mask] = entry
+        self.seq = seq
+
     def retract(self, entry):
         """An express attempt that did nothing after all (it continues as an ordinary request, recorded again)."""
         if entry is not None and entry[SEQ] == self.seq:

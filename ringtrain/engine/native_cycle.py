@@ -49,6 +49,7 @@ from .. import csrc
 log = logging.getLogger("ringtrain")
 
 SOURCE = "express_cycle.c"
+ALSO = ("express_fast.c", "express_ctx.h")      # compiled into the same module / included by both
 NOT_YET, DONE, ARRIVED = 0, 1, 2
 SPIN_S = 50e-6           # the native spin's bound; then the Watchdog waits (shorter than cycle_exchange.WAIT_FLOOR_S)
 
@@ -65,7 +66,8 @@ def compiler_command():
 
 def _load():
     return csrc.load_extension("_express_cycle", csrc.built(SOURCE, compiler_command(), key=[sys.version],
-                                                            suffix=sysconfig.get_config_var("EXT_SUFFIX")))
+                                                            suffix=sysconfig.get_config_var("EXT_SUFFIX"),
+                                                            also=ALSO))
 
 
 # the loaded extension module, or a str saying why it is not available (built once per process, on first use)

@@ -21,7 +21,7 @@ class SoloAgreement(CoordinatorAgreement):
         super().__init__(control, config, watchdog, cache_capacity)
         self._actions = {}
 
-    def express(self, name, meta, array, out, make_request, plan=None, members=None):
+    def express(self, name, meta, array, out, make_request, plan=None, members=None, resumed=None):
         """The Collective of this one allreduce, for the executor to run now. Never a request: with no peer there
         is nothing to wait for. None only for an empty array (the general path's business, as at N ranks)."""
         if not array.nbytes:

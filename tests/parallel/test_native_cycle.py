@@ -29,7 +29,11 @@ def native_or_skip():
 @pytest.fixture
 def native_outcomes(monkeypatch):
     """Every native call's outcome on this rank (the compiled function itself, whichever path called it)."""
-    native = native_or_skip()._native
+    agreement = native_or_skip()
+    native = agreement._native
+    state.engine().fast.off()                  # the planned C call skips _call: this fixture watches _call alone
+    if agreement.fast is not None:
+        monkeypatch.setattr(agreement.fast, "on", False)
     seen = []
     original = native._call
 
@@ -239,3 +243,155 @@ def test_small_groups_native_python_and_mixed_give_the_same_bits(restore_native)
     # the native cycle ran the packed groups, and finished some calls itself on some rank
     assert grouped_outcomes, "no small group went through the native cycle"
     assert comm.allreduce(grouped_outcomes.count(native_cycle.DONE), op=MPI.SUM) >= 1, grouped_outcomes
+
+
+def fast_or_skip():
+    agreement = native_or_skip()
+    if agreement.fast is None:
+        pytest.skip("no compiled planned call in this job (perf_counter is not CLOCK_MONOTONIC here)")
+    return agreement
+
+
+def collected(engine, kind="allreduce"):
+    """The metrics endpoint's count of `kind` for this engine, as a scrape reads it."""
+    from ringtrain.core import metrics
+    for family in metrics._Collector(lambda: [(0, engine)], rt.rank()).collect():
+        if family.name == "ringtrain_collectives":
+            return sum(s.value for s in family.samples if s.labels["kind"] == kind)
+    return 0
+
+
+def test_the_planned_c_call_keeps_results_stats_recorder_and_cycles(monkeypatch):
+    """The planned call done whole in C (plan.fast, armed after an express call): numpy-equal results, most calls
+    never enter Python's express, a late rank's call (NOT_YET) finished by Python; then the stats, the metrics
+    endpoint and the flight recorder (its dump too) show every call, in call order, and every rank is at the same
+    cycle."""
+    agreement = fast_or_skip()
+    engine = state.engine()
+    comm = MPI.COMM_WORLD
+    size, rank = rt.size(), rt.rank()
+    python_calls = []
+    original = agreement.express
+
+    def spy(*args, **kwargs):
+        python_calls.append(1)
+        return original(*args, **kwargs)
+    monkeypatch.setattr(agreement, "express", spy)
+    engine.fast.drain()
+    before = engine.stats.local().get("allreduce", {}).get("count", 0)
+    scraped = collected(engine)
+    seq = engine.recorder.seq
+    rng = np.random.default_rng(rank)
+    calls = 600
+    start = time.perf_counter()
+    for i in range(calls):
+        x = rng.standard_normal(1024).astype(np.float32)
+        if rank == size - 1 and i % 200 == 7:
+            time.sleep(0.002)                  # the others' C calls end NOT_YET: the resumed Python path
+        got = rt.allreduce(x, name="cctx.a")
+        z = np.full(8, i, np.int64)
+        assert rt.allreduce(z, op=rt.Sum, name="cctx.b", out=z) is z
+        want = np.zeros(1024, np.float32)
+        reduce_in_rank_order(want, comm.allgather(x), ReduceOp.AVERAGE, result_scale(ReduceOp.AVERAGE, 1.0, size))
+        assert got.tobytes() == want.tobytes(), f"rank {rank} call {i}"
+        assert (z == i * size).all(), f"rank {rank} call {i}: {z}"
+    end = time.perf_counter()
+    assert collected(engine) - scraped == 2 * calls, f"rank {rank}: the metrics miss calls"   # (it drains first)
+    counted = engine.stats.local()["allreduce"]["count"] - before
+    assert counted == 2 * calls, f"rank {rank}: stats counted {counted} of {2 * calls}"
+    assert engine.recorder.seq - seq == 2 * calls, f"rank {rank}: {engine.recorder.seq - seq} entries recorded"
+    names = [e["name"] for e in engine.recorder.entries()[-40:]]
+    assert names == ["cctx.a", "cctx.b"] * 20, names
+    assert start <= engine.express_end <= end        # the C calls' clock is perf_counter's
+    path = rt.dump_flight_recorder(reason="test")
+    if path is not None:
+        import json
+        with open(path) as f:
+            dumped = json.load(f)
+        assert [e["name"] for e in dumped["collectives"][-4:]] == ["cctx.a", "cctx.b"] * 2, dumped["collectives"][-4:]
+    assert len(set(comm.allgather(agreement._cycle))) == 1
+    in_c = 2 * calls - len(python_calls)
+    assert comm.allreduce(in_c, op=MPI.MAX) >= calls // 2, f"rank {rank}: only {in_c} calls in C"
+
+
+def test_an_unresolved_cycle_holds_other_callers_until_its_caller_finishes_it(monkeypatch):
+    """Rank 0's C call publishes a cycle its peers are late for (NOT_YET) and returns; before its caller finishes
+    it, another thread calls: that thread's express does nothing (None) and its call goes the general way, waiting
+    (no pass runs over the unresolved cycle); then the caller finishes its cycle and both results are right."""
+    import threading
+    agreement = fast_or_skip()
+    engine = state.engine()
+    comm = MPI.COMM_WORLD
+    size, rank = rt.size(), rt.rank()
+    x = np.full(64, rank + 1.0, np.float32)
+    y = np.full(16, rank + 1.0, np.float64)
+    for _ in range(2):
+        rt.allreduce(x, op=rt.Sum, name="gap.b")
+        rt.allreduce(y, op=rt.Sum, name="gap.a")
+    comm.Barrier()
+    if rank != 0:
+        time.sleep(0.5)
+        got_b = rt.allreduce(x, op=rt.Sum, name="gap.b")
+        got_a = rt.allreduce(y, op=rt.Sum, name="gap.a")
+    else:
+        plan = engine.memo.get(("gap.b", rt.Sum, x.dtype, x.shape, 1.0, 1.0))
+        with engine._progress_lock:
+            engine.fast.take()
+            assert engine.fast.arm()
+        got_b = np.empty_like(x)
+        outcome = plan.fast[0](plan.fast, x, got_b)
+        assert outcome == native_cycle.NOT_YET, outcome          # the peers sleep
+        seen = []
+        original = engine.express
+
+        def spy(name, *args):
+            seen.append((name, original(name, *args)))
+            return seen[-1][1]
+        monkeypatch.setattr(engine, "express", spy)
+        result = {}
+        other = threading.Thread(target=lambda: result.setdefault("a", rt.allreduce(y, op=rt.Sum, name="gap.a")))
+        other.start()
+        time.sleep(0.2)
+        assert other.is_alive() and seen == [("gap.a", None)], seen
+        done = engine.express("gap.b", plan.meta, x, got_b, None, plan, None, outcome)
+        if done is not True:        # (a peer's engine thread may have followed into that cycle with nothing ready)
+            done.wait()
+        other.join(60)
+        assert not other.is_alive()
+        got_a = result["a"]
+    total = size * (size + 1) / 2
+    np.testing.assert_array_equal(got_b, np.full(64, total, np.float32), err_msg=f"rank {rank}")
+    np.testing.assert_array_equal(got_a, np.full(16, total), err_msg=f"rank {rank}")
+    engine.fast.drain()
+    assert len(set(comm.allgather(agreement._cycle))) == 1
+
+
+def test_rank_0_keeps_the_use_order_under_churn():
+    """A cache of 8 ids and 12 names used in a random (shared) order, most calls in C: rank 0's LRU order is the
+    order of the names' last uses (what per-call touches leave), so its evictions are those of the Python path;
+    every result is right and every rank recorded every call under its name."""
+    rt.shutdown()
+    rt.init(cache_capacity=8)
+    try:
+        agreement = fast_or_skip()
+        engine = state.engine()
+        size, rank = rt.size(), rt.rank()
+        rng = np.random.default_rng(7)                        # the same draws on every rank
+        used = []
+        seq = engine.recorder.seq
+        for step in range(400):
+            k = int(rng.integers(0, 12)) if step % 4 == 0 else int(rng.integers(0, 5))   # 5 hot names, 7 cold
+            got = rt.allreduce(np.full(32, rank + k, np.float32), op=rt.Sum, name=f"lru.{k}")
+            np.testing.assert_array_equal(got, np.full(32, size * k + size * (size - 1) / 2), err_msg=f"{step}")
+            used.append(f"lru.{k}")
+        engine.fast.drain()
+        assert engine.recorder.seq - seq == len(used)
+        assert [e["name"] for e in engine.recorder.entries()[-len(used):]] == used[-engine.recorder.capacity:]
+        if rank == 0:
+            cache = agreement.coordinator.cache
+            lru = [cache.keys[cid][0] for cid in cache._recent]
+            by_last_use = [name for name in reversed(list(dict.fromkeys(reversed(used))))]
+            assert lru == [name for name in by_last_use if name in lru], (lru, by_last_use)
+    finally:
+        rt.shutdown()
+        rt.init()
