@@ -114,8 +114,17 @@ def _pack_buffers(members, sizes, out):
 def express_packed(eng, name, meta, packed, plan=None):
     """A small synchronous group packed into one array, reduced in place: one express cycle, or an ordinary request
     when the express path does not apply. Every rank packs (the choice depends on the agreed metadata alone), so
-    every rank makes the same transport call whichever path each takes (the executor's invariant)."""
-    done = eng.express(name, meta, packed, packed, None, plan)
+    every rank makes the same transport call whichever path each takes (the executor's invariant). A planned one
+    is first offered to the compiled module whole (plan.fast, as collectives.allreduce does): True is done; a cycle
+    it published but did not finish is finished by Engine.express (resumed)."""
+    resumed = None
+    if plan is not None:
+        fast = plan.fast
+        if fast is not None:
+            resumed = fast[0](fast, packed, packed)
+            if resumed is True:
+                return
+    done = eng.express(name, meta, packed, packed, None, plan, None, resumed)
     if done is None:
         done = Handle((name,), eng.drive)
         eng.run(Request(name, meta, (packed,), (packed,), done, HOST_OPS, plan=plan))

@@ -400,3 +400,44 @@ def test_a_recurring_group_with_an_async_call_in_flight_runs_as_a_request(outcom
         assert torch.equal(got[1], torch.arange(4.0).view(2, 2) * size + size * (size - 1) / 2), (call, got)
         assert torch.equal(hvd.synchronize(handle), torch.full((4,), float(size)))
     assert ("forms.group_busy", None) in outcomes, outcomes
+
+
+def test_recurring_groups_run_whole_in_the_compiled_call(monkeypatch):
+    """Once the engine is idle after a recurring small group (torch tensors or numpy arrays), its next calls are each
+    one call of the compiled module (the plan's fast record), with no Python engine code; a late rank's cycle (the
+    others' compiled calls publish it and return NOT_YET) is finished by Python. Every call gives the reference,
+    with fresh values each call, and results held across calls keep theirs."""
+    import time
+    engine = state.engine()
+    if getattr(engine.agreement, "_native", None) is None or getattr(engine.agreement, "fast", None) is None:
+        pytest.skip("no compiled planned call in this job")
+    python_calls = []
+    original = engine.express
+
+    def spy(*args):
+        python_calls.append(args[0])
+        return original(*args)
+    monkeypatch.setattr(engine, "express", spy)
+    r, size = rt.rank(), rt.size()
+    held = []
+    calls = 200
+    for i in range(calls):
+        if r == size - 1 and i % 50 == 7:
+            time.sleep(0.002)
+        base = torch.from_numpy(data(60, i, r))
+        got = hvd.grouped_allreduce([base[:10], base[10:40].view(5, 6), base[40:]], op=hvd.Sum,
+                                    name="forms.fast_group.torch")
+        want = torch.from_numpy(total(60, i, size).astype(np.float32))
+        assert [tuple(g.shape) for g in got] == [(10,), (5, 6), (20,)], [g.shape for g in got]
+        assert torch.equal(torch.cat([g.reshape(-1) for g in got]), want), f"rank {r} call {i}: {got}"
+        arrays = data(12, 2 * i, r).astype(np.int64)
+        got_np = rt.grouped_allreduce([arrays[:5], arrays[5:]], op=rt.Sum, name="forms.fast_group.numpy")
+        assert np.array_equal(np.concatenate(got_np), total(12, 2 * i, size).astype(np.int64)), (r, i, got_np)
+        if i % 40 == 0:
+            held.append((got, want, got_np))
+    for got, want, got_np in held:
+        assert torch.equal(torch.cat([g.reshape(-1) for g in got]), want), f"rank {r}: a held result changed"
+        assert got_np[0].dtype == np.int64 and got_np[0].shape == (5,), got_np
+    in_c = 2 * calls - len(python_calls)
+    assert rt.allreduce(np.array([in_c]), op=rt.Max, name="forms.fast_group.count")[0] >= calls // 2, (
+        f"rank {r}: only {in_c} of {2 * calls} group calls in the compiled call")
