@@ -11,13 +11,6 @@ from ringtrain.reducer.reducer import Collective, Member, Reducer, Scaling, inst
 SIZES = (5, 1, 7, 3)          # elements per member: uneven, so buckets and shards have ragged edges
 
 
-@pytest.fixture(scope="module", autouse=True)
-def world():
-    rt.init()
-    yield
-    rt.shutdown()
-
-
 def gradient(rank, member, step, backward_pass):
     """What `rank` accumulates for `member` in one backward pass of `step` (float64: exact sums)."""
     n = SIZES[member]
