@@ -215,3 +215,40 @@ def test_a_stopped_timeline_leaves_the_express_path_open(outcomes, tmp_path):
         np.testing.assert_array_equal(rt.allreduce(x[rt.rank()], op=rt.Sum, name="express.traced"), want)
     kinds = [kind for name, kind in outcomes if name == "express.traced"]
     assert {"eager", "agreed"} & set(kinds), kinds
+
+
+def test_an_idle_rank_leaves_a_peers_cycle_to_its_caller_only_within_the_grace(fallbacks, monkeypatch):
+    """Between two synchronous calls a rank's idle engine thread must not follow the peers into the cycle they
+    opened: its caller is about to publish that cycle with its own id ready, and a follow-in's empty slot would turn
+    every peer's call into an ordinary request (Engine._pass, CALLER_GRACE_S). Past the grace an idle engine thread
+    does follow (the stall and straggler machinery sees every cycle). The last rank sleeps before each call, long
+    enough for its engine thread's idle looks (driving.IDLE_SLEEP_S) to find the others' cycle open: with the grace
+    stretched over the whole test no peer's call leaves the express path; with no grace at all some do."""
+    from ringtrain.engine import engine as engine_module
+    x = inputs(100, 9)
+    late = rt.rank() == rt.size() - 1
+
+    def calls(name, pause):
+        for call in range(5):
+            if late and pause:
+                time.sleep(pause)
+            np.testing.assert_array_equal(rt.allreduce(x[rt.rank()], op=rt.Sum, name=name), sum(x),
+                                          err_msg=f"{name}, call {call}")
+
+    monkeypatch.setattr(engine_module, "CALLER_GRACE_S", 60.0)
+    calls("express.grace", 0.0)              # a first sighting, then express calls in step: the grace starts
+    before = len(fallbacks)
+    calls("express.grace", 0.06)
+    within = len(fallbacks) - before
+    monkeypatch.setattr(engine_module, "CALLER_GRACE_S", 0.0)
+    before = len(fallbacks)
+    calls("express.grace", 0.1)
+    past = len(fallbacks) - before
+    counts = rt.allgather_object((within, past))
+    assert [w for w, _ in counts] == [0] * rt.size(), (
+        f"within the grace an idle engine thread followed a peer's cycle: express calls that became requests, "
+        f"per rank: {[w for w, _ in counts]}")
+    assert sum(p for _, p in counts) >= 1, (
+        f"past the grace the last rank's idle engine thread never followed the others' open cycle "
+        f"(requests per rank {[p for _, p in counts]})")
+    assert not state.engine().requests
