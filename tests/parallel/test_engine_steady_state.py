@@ -18,7 +18,28 @@ def rss_bytes():
         return int(f.read().split()[1]) * PAGE
 
 
-def test_rss_stays_flat_over_10000_steady_state_calls():
+@pytest.fixture(params=["one_node", "pretend_nodes"])
+def steady_world(request):
+    """The 2-rank job only (a core per rank; what these calls run -- the cycle's slots, the eager reduction, the
+    grouped bucket -- is the same code at any rank count): on one node, then on two pretend nodes of one rank each
+    with the hierarchy forced (the agreement across nodes, one MPI exchange per cycle, and the hierarchical
+    transport), restoring the session's world after."""
+    if rt.size() != 2 or os.environ.get("RINGTRAIN_SIMULATE_NODES"):
+        pytest.skip("the steady-state memory soak runs in the 2-rank job")
+    if request.param == "one_node":
+        yield request.param
+        return
+    rt.shutdown()
+    rt.init(simulate_nodes=2, hierarchical="1")
+    try:
+        assert state.topology().num_nodes == 2 and state.engine().transport_name().startswith("hierarchical")
+        yield request.param
+    finally:
+        rt.shutdown()
+        rt.init()
+
+
+def test_rss_stays_flat_over_10000_steady_state_calls(steady_world):
     x = np.arange(256, dtype=np.float32) * (rt.rank() + 1)
     out = np.empty_like(x)
     bucket = [np.full(n, rt.rank() + 1.0, np.float32) for n in (3, 64, 1000, 7)]
