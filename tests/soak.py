@@ -17,8 +17,9 @@ its private chunks; rank-dependent first dimensions and splits; broadcast roots 
 names used once (with SOAK_CONFIG's cache capacity of 32, a program goes far past it); in-place allreduces of
 arrays in the transport's shared window and of private ones; ops on a process set (the even ranks), which only
 its members run; synchronous allreduces in each public form (the core call, an async call waited at once, the
-torch binding in place, out of place and grouped). A failure names the seed; the same seed replays the same program on every
-rank.
+torch binding in place, out of place and grouped; with --frameworks tf,jax also the TensorFlow and JAX eager
+allreduce, opt-in because they import those frameworks). A failure names the seed; the same seed replays the same
+program on every rank.
 """
 import argparse
 import sys
@@ -43,6 +44,9 @@ NAME_POOL = [f"soak.t{i}" for i in range(24)]   # names recur across batches, wi
 # path), or the torch binding (out of place without autograd, allreduce_ in place, or grouped_allreduce)
 SYNC_FORMS = ("core", "prompt_async", "torch")
 TORCH_DTYPES = ("float16", "float32", "float64", "int8", "uint8", "int32", "int64")
+# --frameworks: eager allreduces of these bindings join SYNC_FORMS (JAX without x64 narrows 64-bit arrays)
+FRAMEWORK_DTYPES = {"tf": ("float16", "float32", "float64", "int32", "int64"), "jax": ("float16", "float32", "int32")}
+EXTRA_FORMS = ()            # main() sets it from --frameworks; empty, the draws are exactly as without it
 SOAK_CONFIG = {"fusion_threshold": 16 << 10, "segment_bytes": 4096, "cache_capacity": 32}
 SHARED_SCRATCH_BYTES = 4 << 20      # per rank: in-window arrays are carved from one empty_shared() block
 
@@ -148,8 +152,11 @@ def random_program(choose, size, n_ops):
                 if choose.integer(0, 2) == 0:
                     spec["name"] = None
                 if spec["kind"] in ("allreduce", "grouped_allreduce"):     # the public forms of a sync call
-                    spec["form"] = choose.choice(SYNC_FORMS)
+                    spec["form"] = choose.choice(SYNC_FORMS + EXTRA_FORMS)
                     if spec["form"] == "torch" and (spec["shared"] or spec["dtype"] not in TORCH_DTYPES):
+                        spec["form"] = "core"
+                    if spec["form"] in FRAMEWORK_DTYPES and (spec["kind"] != "allreduce" or spec["in_place"]
+                                                             or spec["dtype"] not in FRAMEWORK_DTYPES[spec["form"]]):
                         spec["form"] = "core"
         batches.append({"async": asynchronous, "ops": ops})
         op_id += length
@@ -297,6 +304,14 @@ class Call:
                 hvd.allreduce_(tensor, **kwargs)
                 return array
             return hvd.allreduce(tensor, **kwargs).numpy()
+        if form == "tf":
+            import tensorflow as tf
+            import ringtrain.tensorflow as hvd_tf
+            return hvd_tf.allreduce(tf.constant(array), **kwargs).numpy()
+        if form == "jax":
+            import jax.numpy as jnp
+            import ringtrain.jax as hvd_jax
+            return np.asarray(hvd_jax.allreduce(jnp.asarray(array), **kwargs))
         if form == "prompt_async":
             return getattr(self.rt, self.spec["kind"] + "_async")(array, **kwargs).wait()
         return getattr(self.rt, self.spec["kind"])(array, **kwargs)
@@ -499,7 +514,14 @@ def main(argv=None):
     parser.add_argument("--transport", default=None, help="RINGTRAIN_TRANSPORT for this run (shm, mpi, ...)")
     parser.add_argument("--simulate-nodes", type=int, default=0, help="split the ranks into this many pretend nodes")
     parser.add_argument("--cache-capacity", type=int, default=SOAK_CONFIG["cache_capacity"])
+    parser.add_argument("--frameworks", default="", help="comma-separated: synchronous allreduces may also go "
+                                                         "through these eager bindings (tf, jax)")
     args = parser.parse_args(argv)
+    global EXTRA_FORMS
+    EXTRA_FORMS = tuple(f for f in args.frameworks.split(",") if f)
+    unknown = set(EXTRA_FORMS) - set(FRAMEWORK_DTYPES)
+    if unknown:
+        parser.error(f"--frameworks: unknown {sorted(unknown)} (tf, jax)")
     total_ops = args.ops or (10000 if args.soak else 300)
 
     import ringtrain as rt
@@ -526,7 +548,8 @@ def main(argv=None):
             print(f"soak FAILED; replay: mpiexec -n {size} python tests/soak.py --seed {args.seed} --ops {total_ops}"
                   f" --chunk {args.chunk} --cache-capacity {args.cache_capacity}"
                   + (f" --transport {args.transport}" if args.transport else "")
-                  + (f" --simulate-nodes {args.simulate_nodes}" if args.simulate_nodes else ""), flush=True)
+                  + (f" --simulate-nodes {args.simulate_nodes}" if args.simulate_nodes else "")
+                  + (f" --frameworks {args.frameworks}" if args.frameworks else ""), flush=True)
     return 0 if all_wrong == 0 else 1
 
 
