@@ -14,6 +14,8 @@
 #define RT_DONE 1
 #define RT_ARRIVED 2
 #define CAPSULE "ringtrain.express_cycle.ctx"
+#define RT_ARMED 1                     /* ctx->armed: fast() takes any planned call */
+#define RT_ARMED_HELD 2                /* ... only the held-back async call's wait (fast_hold) */
 #define FAST_RING 4096                 /* fast calls between two drains at most (then fast() declines) */
 #define RT_HIDDEN __attribute__((visibility("hidden")))
 
@@ -43,6 +45,7 @@ static inline int64_t now_ns(void) {
 RT_HIDDEN int rt_express(void *handle, int64_t c, int64_t flags, int64_t cid, int64_t words, const void *src,
                          int64_t nbytes, void *out, int kind, double scale, int64_t divisor, int64_t spin_ns);
 RT_HIDDEN PyObject *py_fast(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+RT_HIDDEN PyObject *py_fast_hold(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 RT_HIDDEN PyObject *py_fast_arm(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 RT_HIDDEN PyObject *py_fast_disarm(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 RT_HIDDEN PyObject *py_fast_resolved(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

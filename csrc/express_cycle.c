@@ -21,7 +21,7 @@
  *   outcome: out holds the packed inputs (copied back from our own slot, which no peer writes), so the caller goes
  *   on exactly as with a packed input array (`array is out`).
  *
- * fast, fast_arm, fast_disarm, fast_resolved, clock_ns: a planned call's whole express call (express_fast.c).
+ * fast, fast_arm, fast_hold, fast_disarm, fast_resolved, clock_ns: a planned call's whole express call (express_fast.c).
  */
 #include "express_ctx.h"
 #include <stdlib.h>
@@ -320,6 +320,7 @@ static PyMethodDef methods[] = {
      "a group's members back to back into one buffer"},
     {"fast", (PyCFunction)(void (*)(void))py_fast, METH_FASTCALL, "a planned express call whole (express_fast.c)"},
     {"fast_arm", (PyCFunction)(void (*)(void))py_fast_arm, METH_FASTCALL, "arm the planned call's state"},
+    {"fast_hold", (PyCFunction)(void (*)(void))py_fast_hold, METH_FASTCALL, "armed for a held-back call's wait"},
     {"fast_disarm", (PyCFunction)(void (*)(void))py_fast_disarm, METH_FASTCALL, "disarm (and drain) it"},
     {"fast_resolved", (PyCFunction)(void (*)(void))py_fast_resolved, METH_FASTCALL, "an unresolved cycle is done"},
     {"clock_ns", (PyCFunction)(void (*)(void))py_clock_ns, METH_FASTCALL, "the ctx's clock (CLOCK_MONOTONIC), ns"},

@@ -1,11 +1,13 @@
 /* A planned allreduce's whole express call in one C call, and the state Python keeps for it, held in the ctx while
  * it is armed (ringtrain/engine/fast_state.py is the Python side; express_ctx.h the shared context).
  *
- * fast(rec, array, out) -> True | None | 0 | 2
+ * fast(rec, array, out[, held]) -> True | None | 0 | 2
  *   rec = (fast, ctx, generation, cid, kind, scale, divisor): a plan's record (CycleAgreement._read_plan).
- *   None: nothing done -- the ctx is not armed, the record's generation (the cache's update count when it was read)
- *   is not the ctx's, FAST_RING calls wait to be drained, or a buffer is not C-contiguous (out: writable) or the two
- *   lengths differ. The caller goes the Python way, which drains first.
+ *   held (any object): this call is the wait of the held-back async allreduce fast_hold() left the ctx armed for;
+ *   it runs only in that state, and once done the ctx takes any planned call again.
+ *   None: nothing done -- the ctx is not armed (for this kind of call), the record's generation (the cache's
+ *   update count when it was read) is not the ctx's, FAST_RING calls wait to be drained, or a buffer is not
+ *   C-contiguous (out: writable) or the two lengths differ. The caller goes the Python way, which drains first.
  *   True: cycle cycle + 1 ran as rt_express with flags 0 and reduced the call into out; the cycle number, the
  *   counts and the call's ring entry (cid, start, end) stay here until the next drain.
  *   0 / 2 (RT_NOT_YET / RT_ARRIVED): that cycle is published but not finished. The ctx disarms itself and keeps it
@@ -13,6 +15,8 @@
  *   no pass runs (a cycle left unresolved past the stall timeout fails the engine naming it).
  * fast_arm(ctx, cycle, generation, words, spin_ns, stub) -> bool: arm from Python's state (False: a cycle is
  *   unresolved). stub: skip the window (DONE at once; a harness's switch for timing the Python around the call).
+ * fast_hold(ctx) -> bool: an async allreduce is held back (HeldCalls.hold, held.py): an armed ctx stays armed for
+ *   that call's wait alone (fast(..., held)); other calls decline until then. False: not armed.
  * fast_disarm(ctx) -> None (nothing to drain) or (cycle, unresolved, unresolved_cid, last_end_ns, count, nbytes,
  *   ns, cids, starts_ns, ends_ns): disarm and drain, the lists in call order. fast_disarm(ctx, 0): disarm only (any
  *   thread; the GIL makes every function here atomic with respect to Python threads).
@@ -20,14 +24,14 @@
 #include "express_ctx.h"
 
 PyObject *py_fast(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 7) {
-        PyErr_SetString(PyExc_TypeError, "express_cycle.fast takes (record, array, out)");
+    if ((nargs != 3 && nargs != 4) || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 7) {
+        PyErr_SetString(PyExc_TypeError, "express_cycle.fast takes (record, array, out[, held])");
         return NULL;
     }
     PyObject *rec = args[0];
     rt_ctx *ctx = (rt_ctx *)PyCapsule_GetPointer(PyTuple_GET_ITEM(rec, 1), CAPSULE);
     if (!ctx) return NULL;
-    if (!ctx->armed || ctx->seq - ctx->drained >= FAST_RING) Py_RETURN_NONE;
+    if (ctx->armed != (nargs == 4 ? RT_ARMED_HELD : RT_ARMED) || ctx->seq - ctx->drained >= FAST_RING) Py_RETURN_NONE;
     if (PyLong_AsLongLong(PyTuple_GET_ITEM(rec, 2)) != ctx->generation) Py_RETURN_NONE;
     long long cid = PyLong_AsLongLong(PyTuple_GET_ITEM(rec, 3)), divisor = PyLong_AsLongLong(PyTuple_GET_ITEM(rec, 6));
     long kind = PyLong_AsLong(PyTuple_GET_ITEM(rec, 4));
@@ -63,6 +67,7 @@ PyObject *py_fast(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         return PyLong_FromLong(outcome);
     }
     int64_t end = now_ns();
+    ctx->armed = RT_ARMED;
     ctx->cycle = c;
     ctx->count++;
     ctx->nbytes_total += nbytes;
@@ -93,7 +98,18 @@ PyObject *py_fast_arm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     ctx->words = v[2];
     ctx->spin_ns = v[3];
     ctx->stub = v[4];
-    ctx->armed = 1;
+    ctx->armed = RT_ARMED;
+    Py_RETURN_TRUE;
+}
+
+PyObject *py_fast_hold(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    rt_ctx *ctx = nargs == 1 ? (rt_ctx *)PyCapsule_GetPointer(args[0], CAPSULE) : NULL;
+    if (!ctx) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "express_cycle.fast_hold takes the ctx");
+        return NULL;
+    }
+    if (ctx->armed != RT_ARMED) Py_RETURN_FALSE;
+    ctx->armed = RT_ARMED_HELD;
     Py_RETURN_TRUE;
 }
 

@@ -5,7 +5,8 @@ that call keeps in the C ctx while it is armed.
     plan.fast = fast.record(generation, cid, how)   # what collectives.allreduce hands the C call: fast[0](fast, a, out)
     fast.attach(engine)   # the engine's stats, flight recorder, express_end, progress lock and idle state
     fast.arm()            # progress lock held, after an express call: the C ctx takes planned calls from now on
-    fast.off()            # any thread, before anything else touches the agreement (submit, hold, join, timeline...)
+    fast.hold()           # an async allreduce held back while armed: the ctx stays armed for its wait alone
+    fast.off()            # any thread, before anything else touches the agreement (submit, join, timeline...)
     fast.take()           # progress lock held: disarm and put back what the C calls did; the unresolved cycle or 0
     fast.drain()          # a reader on another thread (metrics, flight-recorder dumps): take() under the lock
 
@@ -26,6 +27,7 @@ exception in between) must not hang the job: take(in_pass=True) raises a StallEr
 been unresolved for stall_timeout_s.
 """
 import time
+from functools import partial
 
 from ..errors import StallError
 from . import native_cycle
@@ -53,6 +55,9 @@ class NoFast:
     def arm(self):
         return False
 
+    def hold(self):
+        return False
+
     def resolved(self):
         pass
 
@@ -72,6 +77,11 @@ class FastState:
         self._engine = None
         self._unresolved_since = None    # (cycle, time.monotonic()) an unresolved cycle was first seen
         self._recorded = 0               # the flight recorder's last seq when the ctx was armed
+        # hold(): an async allreduce is being held back (held.py): True when the ctx was armed -- the engine is idle,
+        # as holding needs -- and stays armed for that call's wait alone (fast(..., held)); False: not armed.
+        # off(): disarm only (any thread): the ctx takes no call until the next arm; take() drains later.
+        self.hold = partial(module.fast_hold, ctx)       # (C calls with no Python frame: both are on hot paths)
+        self.off = partial(module.fast_disarm, ctx, 0)
         self.on = True                   # a test's switch: off, nothing is armed (the Python path alone)
         self.stub = 0                    # a harness's switch: the armed C call skips the window (DONE at once)
 
@@ -109,10 +119,6 @@ class FastState:
         self._recorded = engine.recorder.seq      # the C calls' flight-recorder entries come after this one
         return self._module.fast_arm(self._ctx, agreement._cycle, agreement.cache.updates, agreement._words,
                                      _SPIN_NS, self.stub)
-
-    def off(self):
-        """Disarm only (any thread): the C ctx takes no call until the next arm; take() drains later."""
-        self._disarm(self._ctx, 0)
 
     def resolved(self):
         """The caller finished its unresolved cycle (progress lock held)."""

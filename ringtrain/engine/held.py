@@ -24,6 +24,13 @@ class HeldCalls:
         is not idle and the caller submits it as a request."""
         engine = self._engine
         intake = engine.intake
+        if engine.fast.hold():          # armed: the engine is idle (nothing held, queued or in flight; no join)
+            name = held.names[0]
+            with engine._state_lock:
+                if engine.failed is None and not engine.shutdown_requested and name not in intake.names:
+                    intake.names.add(name)
+                    intake.deferred = held
+                    return True
         engine.fast.off()
         with engine._state_lock:       # (the intake's lock: state, admission and the hold in one critical section)
             if engine.failed is not None:
@@ -51,7 +58,11 @@ class HeldCalls:
                 return
             intake.deferred = None
         name = held.names[0]
-        outcome = engine.express(name, held.plan.meta, held.array, held.out, held, held.plan)
+        plan = held.plan
+        fast = plan.fast
+        outcome = None if fast is None else fast[0](fast, held.array, held.out, held)   # armed by hold(): one C call
+        if outcome is not True:     # (0 / 2: the C call published its cycle; Engine.express goes on from there)
+            outcome = engine.express(name, plan.meta, held.array, held.out, held, plan, None, outcome)
         if outcome is True:
             intake.names.discard(name)      # (one atomic set operation: no lock needed to drop our own name)
             held._result = held.out
