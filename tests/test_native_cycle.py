@@ -226,3 +226,33 @@ def test_the_compiled_call_keeps_its_state_until_drained():
         assert abs(module.clock_ns() - time.perf_counter_ns()) < 1e8       # one clock
     finally:
         world.close()
+
+
+def test_a_held_async_call_keeps_the_armed_ctx_for_its_own_wait():
+    """fast_hold: an armed ctx stays armed for the held-back call's wait alone (plain calls decline meanwhile); once
+    that wait's call is done, any planned call runs again; an unarmed ctx holds nothing."""
+    world = World(2)
+    module = native_cycle.library()
+    ctx = world.native._ctx
+    how = how_for("float32", ReduceOp.SUM, 2)
+    rec = (module.fast, ctx, 1, 3, how[0], how[1], how[2])
+    a = np.arange(8, dtype=np.float32)
+    try:
+        assert module.fast_hold(ctx) is False                      # not armed: nothing to keep
+        assert module.fast_arm(ctx, 0, 1, WORDS, 50_000, 0) is True
+        assert module.fast(rec, a, np.empty_like(a), "held") is None   # a held call's wait needs fast_hold first
+        assert module.fast_hold(ctx) is True
+        assert module.fast_hold(ctx) is False                      # one held call at a time
+        assert module.fast(rec, a, np.empty_like(a)) is None       # a plain call would overtake the held one
+        world.peer_publishes(1, 1, 0, 1 << 3, (3, a))
+        out = np.empty_like(a)
+        assert module.fast(rec, a, out, "held") is True
+        np.testing.assert_array_equal(out, 2 * a)
+        world.peer_publishes(1, 2, 0, 1 << 3, (3, a))
+        assert module.fast(rec, a, out) is True                    # armed for any call again
+        assert module.fast_hold(ctx) is True
+        module.fast_disarm(ctx, 0)                                 # a submission, a pass: the hold ends too
+        assert module.fast(rec, a, out, "held") is None
+        assert module.fast_disarm(ctx)[4] == 2
+    finally:
+        world.close()
