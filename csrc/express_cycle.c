@@ -14,12 +14,9 @@
  *                      the caller reads the slots and decides, exactly as after its own gather.
  *   The slot and published word are written in every outcome, so the caller never publishes again.
  *
- * express_group(ctx, c, flags, cid, words, members, sizes, out, kind, scale, divisor, spin_ns) -> int
- *   express() of a small group: each member (a C-contiguous buffer, or an int address of sizes[i] bytes) is copied
- *   straight into the slot's eager data, back to back (no packed input array), and `out` is one fresh packed buffer
- *   of the group's total size. DONE: out holds the reduced group (its members' results are its slices). Any other
- *   outcome: out holds the packed inputs (copied back from our own slot, which no peer writes), so the caller goes
- *   on exactly as with a packed input array (`array is out`).
+ * pack_group(members, sizes, out)
+ *   a small group's members (each a C-contiguous buffer, or an int address of sizes[i] bytes) copied back to back
+ *   into out, one fresh packed buffer of the group's total size, which is then reduced as any array is.
  *
  * fast, fast_arm, fast_hold, fast_disarm, fast_resolved, clock_ns: a planned call's whole express call (express_fast.c).
  */
@@ -128,7 +125,7 @@ RT_HIDDEN int rt_express(void *handle, int64_t c, int64_t flags, int64_t cid, in
     header[3] = nbytes;
     uint64_t *bitmap = (uint64_t *)(mine + ctx->bitmap_offset);
     for (int64_t w = 0; w < words; w++) bitmap[w] = w == word ? bit : 0;
-    if (src) memcpy(mine + ctx->header_bytes, src, (size_t)nbytes);   /* NULL: express_group filled it */
+    if (nbytes) memcpy(mine + ctx->header_bytes, src, (size_t)nbytes);
     /* publish: every store above happens-before a peer's acquire load that reads c */
     __atomic_store_n(ctx->published[rank], c, __ATOMIC_RELEASE);
 
@@ -266,36 +263,7 @@ static int64_t copy_members(PyObject *members, PyObject *sizes, char *dst, int64
     return filled;
 }
 
-/* express_group(ctx, c, flags, cid, words, members, sizes, out, kind, scale, divisor, spin_ns): see the head */
-static PyObject *py_express_group(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 12) {
-        PyErr_SetString(PyExc_TypeError, "express_cycle.express_group takes 12 arguments");
-        return NULL;
-    }
-    rt_ctx *ctx = (rt_ctx *)PyCapsule_GetPointer(args[0], CAPSULE);
-    if (!ctx) return NULL;
-    long long c = PyLong_AsLongLong(args[1]), flags = PyLong_AsLongLong(args[2]), cid = PyLong_AsLongLong(args[3]),
-              words = PyLong_AsLongLong(args[4]), divisor = PyLong_AsLongLong(args[10]),
-              spin_ns = PyLong_AsLongLong(args[11]);
-    long kind = PyLong_AsLong(args[8]);
-    double scale = PyFloat_AsDouble(args[9]);
-    if (PyErr_Occurred()) return NULL;
-    Py_buffer out;
-    if (PyObject_GetBuffer(args[7], &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) return NULL;
-    /* our slot of parity c % 2: no peer reads it until we publish c (native_cycle.py's reuse argument) */
-    char *ours = ctx->slots[ctx->rank][c & 1] + ctx->header_bytes;
-    int64_t nbytes = copy_members(args[5], args[6], ours, (int64_t)out.len);
-    int outcome = -1;
-    if (nbytes >= 0) {
-        outcome = rt_express(ctx, c, flags, cid, words, NULL, nbytes, out.buf, (int)kind, scale, divisor, spin_ns);
-        if (outcome != RT_DONE) memcpy(out.buf, ours, (size_t)nbytes);    /* the packed inputs, for the Python path */
-    }
-    PyBuffer_Release(&out);
-    if (outcome < 0) return NULL;
-    return PyLong_FromLong(outcome);
-}
-
-/* pack_group(members, sizes, out): the members back to back into out (the Python path's packed input array) */
+/* pack_group(members, sizes, out): see the head */
 static PyObject *py_pack_group(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "express_cycle.pack_group takes 3 arguments");
@@ -314,8 +282,6 @@ static PyObject *py_nothing(PyObject *self, PyObject *const *args, Py_ssize_t na
 static PyMethodDef methods[] = {
     {"ctx_new", py_ctx_new, METH_VARARGS, "the context of one rank's window: a capsule"},
     {"express", (PyCFunction)(void (*)(void))py_express, METH_FASTCALL, "one express cycle (see the file's head)"},
-    {"express_group", (PyCFunction)(void (*)(void))py_express_group, METH_FASTCALL,
-     "one express cycle of a small group's members (see the file's head)"},
     {"pack_group", (PyCFunction)(void (*)(void))py_pack_group, METH_FASTCALL,
      "a group's members back to back into one buffer"},
     {"fast", (PyCFunction)(void (*)(void))py_fast, METH_FASTCALL, "a planned express call whole (express_fast.c)"},

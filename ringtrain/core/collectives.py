@@ -72,7 +72,7 @@ def allreduce(array, op=Average, name: "str | None" = None, prescale_factor: flo
                 return out
     # a cached host allreduce with nothing else in flight takes one agreement cycle on this thread, with no
     # request and no handle (Engine.express decides whether it applies); anything else takes the general path
-    done = to.engine.express(name, meta, array, out, None, plan, None, resumed)
+    done = to.engine.express(name, meta, array, out, None, plan, resumed)
     if done is True:
         return out
     if done is not None:

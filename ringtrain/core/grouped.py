@@ -124,7 +124,7 @@ def express_packed(eng, name, meta, packed, plan=None):
             resumed = fast[0](fast, packed, packed)
             if resumed is True:
                 return
-    done = eng.express(name, meta, packed, packed, None, plan, None, resumed)
+    done = eng.express(name, meta, packed, packed, None, plan, resumed)
     if done is None:
         done = Handle((name,), eng.drive)
         eng.run(Request(name, meta, (packed,), (packed,), done, HOST_OPS, plan=plan))

@@ -43,7 +43,7 @@ class CoordinatorAgreement:
         self._flush_items()
         self._outbox.append((kind,))
 
-    def express(self, name, meta, array, out, make_request, plan=None, members=None, resumed=None):
+    def express(self, name, meta, array, out, make_request, plan=None, resumed=None):
         """No express path when every decision goes through rank 0 (see cycle_agreement.CycleAgreement.express)."""
         return None
 

@@ -180,7 +180,7 @@ class CycleAgreement(CoordinatorAgreement):
         return action
 
     # ---- express -------------------------------------------------------------------------------------------
-    def express(self, name, meta, array, out, make_request, plan=None, members=None, resumed=None):
+    def express(self, name, meta, array, out, make_request, plan=None, resumed=None):
         """One cycle for one cached host allreduce when nothing else is pending on this rank: what add() and poll()
         would do, minus their bookkeeping. Publish its id as our only ready bit (with its data when it fits a slot),
         gather, and if no rank raised a flag and every rank has that id ready, the Collective of this array alone,
@@ -192,8 +192,7 @@ class CycleAgreement(CoordinatorAgreement):
         to run -- the same actions every other rank computes from the same snapshot. None (nothing done) when the
         fast path does not apply: something pending, or a name not cached yet.
         plan: the call's ExpressPlan (express_memo.py): its cache id and native reduce, re-read whenever the cache
-        changed since they were read. members: a small group's (native_cycle.py); `array` (which is `out`) holds
-        its packed inputs on every outcome but True and None."""
+        changed since they were read."""
         if resumed is None and (self._ready or self._handed or self._dirty or not array.nbytes):
             return None
         if plan is None:
@@ -207,7 +206,7 @@ class CycleAgreement(CoordinatorAgreement):
             # with C-contiguous buffers (a plan's array is; `out` may be the caller's): the compiled cycle straight
             if plan.native and self._native is not None and (out is array or out.flags.c_contiguous):
                 bit = 1 << cid
-                got = self._native_cycle(cid, bit, array, out, meta, how, members, resumed)
+                got = self._native_cycle(cid, bit, array, out, meta, how, resumed)
                 if got is True:
                     return True
                 c, flags, ready = got
@@ -215,8 +214,6 @@ class CycleAgreement(CoordinatorAgreement):
                                              ready)
         if cid is None:
             return None
-        if members is not None:     # a small group off the compiled path: its packed inputs, as any array's
-            native_cycle.pack(members, array)
         bit = 1 << cid
         if plan is not None:        # a plan's array is one ndarray (a group's is packed): no Segments here
             nbytes = plan.nbytes
@@ -266,12 +263,11 @@ class CycleAgreement(CoordinatorAgreement):
                 meta.dtype, meta.op, result_scale(meta.op, meta.scales[1], self.size), self.size)
         return how
 
-    def _native_cycle(self, cid, bit, array, out, meta, how=False, members=None, resumed=None):
+    def _native_cycle(self, cid, bit, array, out, meta, how=False, resumed=None):
         """The express cycle in one native call (native_cycle.py): True when it reduced the slots into `out`, else
         (cycle, flags, ready) read from the snapshot exactly as _exchange_slots returns them. how: the native
-        reduce when the caller knows it (an ExpressPlan's), else False. members: a small group's, straight into the
-        slot (`out` its packed result). resumed: the outcome of the compiled call (fast_state.py) that published
-        this cycle already: go on from there."""
+        reduce when the caller knows it (an ExpressPlan's), else False. resumed: the outcome of the compiled call
+        (fast_state.py) that published this cycle already: go on from there."""
         native = self._native
         c = self._cycle + 1
         coordinator = self.coordinator
@@ -283,11 +279,8 @@ class CycleAgreement(CoordinatorAgreement):
         start = time.perf_counter()
         if resumed is not None:
             outcome = resumed
-        elif members is None:
-            outcome = native._call(native._ctx, c, flags, cid, self._words, array, out, kind, scale, divisor, _SPIN_NS)
         else:
-            outcome = native._group_call(native._ctx, c, flags, cid, self._words, members[0], members[1], out, kind,
-                                         scale, divisor, _SPIN_NS)
+            outcome = native._call(native._ctx, c, flags, cid, self._words, array, out, kind, scale, divisor, _SPIN_NS)
         if outcome == native_cycle.DONE:
             return self._native_done(c, cid)
         if outcome == native_cycle.NOT_YET:

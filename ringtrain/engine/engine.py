@@ -218,16 +218,14 @@ class Engine:
             raise e
 
     # ------------------------------------------------------------------------------------------------ express
-    def express(self, name, meta, array, out, held=None, plan=None, members=None, resumed=None):
+    def express(self, name, meta, array, out, held=None, plan=None, resumed=None):
         """A synchronous allreduce of one host array (or the Segments of a grouped one), tried in one agreement
         cycle on the caller's thread with no request, handle or queue (cycle_agreement.CycleAgreement.express), then
         reduced from the cycle's slots or, too large for them, on the transport right here: True when `out` holds
         the result; a Handle when the cycle decided otherwise and the collective continues on the general path; None
         when it does not apply (something else in flight, a first sighting, a timeline being written): nothing done.
         `held`: the held-back async allreduce this is (see hold), whose handle the request gets if need be.
-        `plan`: the call's ExpressPlan (express_memo.py; made only for express-eligible calls). `members`: a small
-        group's (sources, sizes), with `array is out` a fresh packed buffer (native_cycle.py): unless True comes
-        back, `array` holds the packed inputs -- or, on None, is not filled at all."""
+        `plan`: the call's ExpressPlan (express_memo.py; made only for express-eligible calls)."""
         lock = self._progress_lock
         if resumed is None:
             if self.intake.deferred is not None:
@@ -252,8 +250,7 @@ class Engine:
             start = time.perf_counter()
             entry = self.recorder.begin(name, meta, start if held is None else held.times["submitted"])
             outcome = self.agreement.express(name, meta, array, out, self._express_request if held is None
-                                             else partial(self._express_request, held=held), plan, members,
-                                             resumed)
+                                             else partial(self._express_request, held=held), plan, resumed)
             if outcome is True or outcome.__class__ is Collective:     # agreed in its own cycle: this array alone
                 if outcome is not True:             # True: the native cycle reduced it already (native_cycle.py)
                     self.executor.express(outcome, array, out)
@@ -261,7 +258,7 @@ class Engine:
                 self._express_stats.add(array.nbytes, end - start)    # (progress lock held: see CommStats.op)
                 if entry is not None:
                     entry[FINISHED] = end
-                if members is None and plan is not None and plan.fast is not None:    # its next call may be C's
+                if plan is not None and plan.fast is not None:    # its next call may be C's
                     self.fast.arm()
                 return True
             if outcome is None:

@@ -62,7 +62,7 @@ class HeldCalls:
         fast = plan.fast
         outcome = None if fast is None else fast[0](fast, held.array, held.out, held)   # armed by hold(): one C call
         if outcome is not True:     # (0 / 2: the C call published its cycle; Engine.express goes on from there)
-            outcome = engine.express(name, plan.meta, held.array, held.out, held, plan, None, outcome)
+            outcome = engine.express(name, plan.meta, held.array, held.out, held, plan, outcome)
         if outcome is True:
             intake.names.discard(name)      # (one atomic set operation: no lock needed to drop our own name)
             held._result = held.out

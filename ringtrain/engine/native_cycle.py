@@ -2,7 +2,6 @@
 
     native = NativeCycle.open(rank, size, header_bytes, bitmap_offset, published, slots)   # None: not available
     outcome = native.express(c, flags, cid, words, array, out, how, spin_s)                  # NOT_YET/DONE/ARRIVED
-    outcome = native._group_call(ctx, c, flags, cid, words, sources, sizes, out, kind, scale, divisor, spin_ns)
     pack((sources, sizes), out)                                        # a group's members into one packed array
 
 One call does what WindowExchange.publish + gather and the eager reduce do in Python for one express allreduce:
@@ -15,10 +14,8 @@ ARRIVED (everyone published; the agreement reads the snapshot and decides as aft
 `how` (reduce_how(dtype, op, scale, size)) says how to reduce natively, or None for a dtype/op the C code does not
 reduce (float16, bfloat16, small integers, Min, Max, Product): that outcome is then ARRIVED, and the executor
 reduces from the slots as the Python path does.
-A small group (its members: input buffers -- or int addresses the caller vouches for -- and their byte sizes)
-goes into the slot member by member with no packed input array (express_group, which CycleAgreement.express calls
-for a planned group the C code reduces); `out` is one fresh packed buffer for the result, and on any outcome but
-DONE it holds the packed inputs, so the Python path goes on as with a packed array.
+pack (the module's pack_group) copies a small group's members -- input buffers, or int addresses the caller
+vouches for, with their byte sizes -- back to back into one packed array, which is then reduced as any array is.
 
 Memory ordering (as transports/shm.py argues the window's race-freedom). Writer: every store into our slot (header,
 bitmap, data) precedes a release store of c into our published word, so a peer whose acquire load reads c (or later)
@@ -112,7 +109,6 @@ class NativeCycle:
     def __init__(self, module, ctx):
         self._ctx = ctx
         self._call = module.express
-        self._group_call = module.express_group
 
     @classmethod
     def open(cls, rank, size, header_bytes, bitmap_offset, published, slots):

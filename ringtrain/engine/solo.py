@@ -9,7 +9,6 @@ the general path does at one rank (the input times the op's scales, out of place
 """
 from .coordinator_agreement import CoordinatorAgreement
 from .model import Collective
-from . import native_cycle
 
 CAPACITY = 4096     # Collectives kept per (name, Meta) or per plan; past this the table starts again from empty
 
@@ -21,13 +20,11 @@ class SoloAgreement(CoordinatorAgreement):
         super().__init__(control, config, watchdog, cache_capacity)
         self._actions = {}
 
-    def express(self, name, meta, array, out, make_request, plan=None, members=None, resumed=None):
+    def express(self, name, meta, array, out, make_request, plan=None, resumed=None):
         """The Collective of this one allreduce, for the executor to run now. Never a request: with no peer there
         is nothing to wait for. None only for an empty array (the general path's business, as at N ranks)."""
         if not array.nbytes:
             return None
-        if members is not None:         # a small group: its packed inputs (native_cycle.py)
-            native_cycle.pack(members, array)
         key = plan if plan is not None else (name, meta)
         action = self._actions.get(key)
         if action is None:

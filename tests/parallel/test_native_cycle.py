@@ -353,7 +353,7 @@ def test_an_unresolved_cycle_holds_other_callers_until_its_caller_finishes_it(mo
         other.start()
         time.sleep(0.2)
         assert other.is_alive() and seen == [("gap.a", None)], seen
-        done = engine.express("gap.b", plan.meta, x, got_b, None, plan, None, outcome)
+        done = engine.express("gap.b", plan.meta, x, got_b, None, plan, outcome)
         if done is not True:        # (a peer's engine thread may have followed into that cycle with nothing ready)
             done.wait()
         other.join(60)
