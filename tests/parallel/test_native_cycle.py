@@ -252,6 +252,20 @@ def fast_or_skip():
     return agreement
 
 
+@pytest.fixture
+def python_calls(monkeypatch):
+    """One entry per call that entered the agreement's Python express (the compiled planned call does not)."""
+    agreement = fast_or_skip()
+    calls = []
+    original = agreement.express
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+    monkeypatch.setattr(agreement, "express", spy)
+    return calls
+
+
 def collected(engine, kind="allreduce"):
     """The metrics endpoint's count of `kind` for this engine, as a scrape reads it."""
     from ringtrain.core import metrics
@@ -261,7 +275,7 @@ def collected(engine, kind="allreduce"):
     return 0
 
 
-def test_the_planned_c_call_keeps_results_stats_recorder_and_cycles(monkeypatch):
+def test_the_planned_c_call_keeps_results_stats_recorder_and_cycles(python_calls):
     """The planned call done whole in C (plan.fast, armed after an express call): numpy-equal results, most calls
     never enter Python's express, a late rank's call (NOT_YET) finished by Python; then the stats, the metrics
     endpoint and the flight recorder (its dump too) show every call, in call order, and every rank is at the same
@@ -270,13 +284,6 @@ def test_the_planned_c_call_keeps_results_stats_recorder_and_cycles(monkeypatch)
     engine = state.engine()
     comm = MPI.COMM_WORLD
     size, rank = rt.size(), rt.rank()
-    python_calls = []
-    original = agreement.express
-
-    def spy(*args, **kwargs):
-        python_calls.append(1)
-        return original(*args, **kwargs)
-    monkeypatch.setattr(agreement, "express", spy)
     engine.fast.drain()
     before = engine.stats.local().get("allreduce", {}).get("count", 0)
     scraped = collected(engine)
@@ -397,7 +404,7 @@ def test_rank_0_keeps_the_use_order_under_churn():
         rt.init()
 
 
-def test_async_calls_waited_at_once_ride_the_compiled_call(monkeypatch):
+def test_async_calls_waited_at_once_ride_the_compiled_call(python_calls):
     """A held-back async allreduce submitted while the C ctx is armed keeps it armed for its own wait, which is then
     one C call: most prompt waits never enter Python's express; results are numpy-equal, also with sync calls in
     between, two async calls in flight waited out of order, and ranks submitting them in different orders."""
@@ -405,13 +412,6 @@ def test_async_calls_waited_at_once_ride_the_compiled_call(monkeypatch):
     engine = state.engine()
     comm = MPI.COMM_WORLD
     size, rank = rt.size(), rt.rank()
-    python_calls = []
-    original = agreement.express
-
-    def spy(*args, **kwargs):
-        python_calls.append(1)
-        return original(*args, **kwargs)
-    monkeypatch.setattr(agreement, "express", spy)
     rng = np.random.default_rng(10 + rank)
     calls = 300
     for i in range(calls):
