@@ -24,7 +24,9 @@ Forms (torch unless named):
   tf_convert    the eager call's conversions alone: a view of t, an aligned copy, adopted back (no collective)
   jax_eager     ringtrain.jax.allreduce(a, name=...)         (--jax)
   jax_callback  jax.pure_callback(identity, a): JAX's own floor for a host call (no collective)
-  jax_convert   the eager call's conversions alone: np.asarray(a), an aligned copy, adopted back (no collective)
+  jax_convert   the eager call's conversions alone: np.asarray(a), a numpy copy, a new jax.Array of it (no collective)
+A JAX form's timed call returns the jax.Array (the check reads it with np.asarray afterwards, untimed), as the torch
+forms return tensors.
 The floors' x_mpi says how far a form could get if ringtrain's own part took no time at all. x_conv_mpi (tf_eager and
 jax_eager): the ratio to that framework's conversions alone plus MPI_Allreduce, in the same round -- the reference
 for a TF or JAX caller, whose tensors must become host arrays and back whatever library reduces them.
@@ -114,14 +116,14 @@ def make_forms(args):
         import ringtrain.jax as hvd_jax
         from ringtrain.jax import arrays as jax_arrays
         forms["jax_eager"] = (lambda nbytes: {"a": jnp.asarray(data(nbytes // 4)), "name": f"bench.jax.{nbytes}"},
-                              lambda s: np.asarray(hvd_jax.allreduce(s["a"], name=s["name"])),
+                              lambda s: hvd_jax.allreduce(s["a"], name=s["name"]),
                               lambda nbytes: want(nbytes // 4))
         # JAX's own floor: an eager jax.pure_callback of the identity; and the conversions the eager call makes
         forms["jax_callback"] = (lambda nbytes: {"a": jnp.asarray(data(nbytes // 4))},
-                                 lambda s: np.asarray(jax.pure_callback(_identity, s["a"], s["a"])),
+                                 lambda s: jax.pure_callback(_identity, s["a"], s["a"]),
                                  lambda nbytes: data(nbytes // 4))
         forms["jax_convert"] = (lambda nbytes: {"a": jnp.asarray(data(nbytes // 4))},
-                                lambda s: np.asarray(_jax_round_trip(jax_arrays, s["a"])),
+                                lambda s: _jax_round_trip(jax_arrays, s["a"]),
                                 lambda nbytes: data(nbytes // 4))
 
     comm = MPI.COMM_WORLD
@@ -164,9 +166,10 @@ def _jax_round_trip(arrays, a):
     """What the eager call does around the core call (allreduce.allreduce's fast path), with a copy for the
     collective."""
     view = np.asarray(a)
-    out = arrays.result_empty(view.shape, view.dtype)
+    out = np.empty(view.shape, view.dtype) if view.nbytes < arrays.COPIED_BYTES else arrays.aligned_empty(
+        view.shape, view.dtype)
     out[...] = view
-    return arrays.adopt(out, arrays.aval_of(view.shape, view.dtype))
+    return arrays.copy_to_jax(out) if out.nbytes < arrays.COPIED_BYTES else arrays.to_jax(out)
 
 
 def main():

@@ -170,3 +170,24 @@ def test_results_handed_to_jax_are_what_jnp_asarray_makes():
     y = arrays.to_jax(unaligned)
     unaligned[:] = -1                                       # a copy: the caller's later writes do not show
     np.testing.assert_array_equal(np.asarray(y), np.arange(1, 9, dtype=np.float32))
+
+
+def test_small_results_reach_jax_as_copies_the_numpy_array_may_change_after():
+    """arrays.copy_to_jax gives the array jnp.asarray would (dtype, shape, weak type, placement, values) for every
+    dtype and for 0-d and empty shapes, one signature after another (its cache is keyed by shape and dtype); the
+    numpy array (64-byte aligned here, which XLA could have adopted) is written afterwards and the jax.Array keeps
+    the values it was given."""
+    from ringtrain.jax import arrays
+    made = []
+    for shape in ((), (0,), (17, 5)):
+        for dtype in ("float32", "bfloat16", "uint8", "int32", "complex64", "bool"):
+            a = arrays.aligned_empty(shape, np.dtype(jnp.dtype(dtype)))
+            a[...] = (np.arange(a.size) % 7 + 1).reshape(shape).astype(a.dtype)
+            y, want = arrays.copy_to_jax(a), jnp.asarray(a)
+            assert (y.dtype, y.shape, y.weak_type, y.committed, y.sharding) == \
+                   (want.dtype, want.shape, want.weak_type, want.committed, want.sharding), (dtype, shape)
+            a[...] = np.zeros((), a.dtype)                    # the caller's array again: written right after
+            made.append((y, want, dtype, shape))
+    for y, want, dtype, shape in made:
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(want), err_msg=f"{dtype} {shape}")
+    assert jax.jit(lambda t: t * 0 + 1)(made[-4][0]).sum() == 85

@@ -18,8 +18,8 @@ from ringtrain.ops import Average, ReduceOp, resolve_op
 from ringtrain.core.process_sets import ProcessSet, global_process_set
 
 from . import gradients
-from .arrays import (WIRE_VIEWED, Wire, adopt, aligned_empty, aval_of, check_reduction, check_scales, result_empty,
-                     to_jax, to_numpy)
+from .arrays import (COPIED_BYTES, WIRE_VIEWED, Wire, aligned_empty, check_reduction, check_scales, copy_to_jax,
+                     result_empty, to_jax, to_numpy)
 from .host_call import collective_primitive, differentiable, same_avals
 from .naming import collective_name
 
@@ -79,16 +79,16 @@ def allreduce(tensor, op=None, name=None, prescale_factor=1.0, postscale_factor=
     """Reduce `tensor` (a jax.Array or anything jnp.asarray takes) over the set's ranks; default op Average
     (integers: floor). `compression` (e.g. Compression.fp16) casts it for the wire and back. Differentiable."""
     if type(tensor) is _ARRAY and compression is None:
-        # a concrete array (a Tracer is another type): the core's synchronous call on a read-only view of it, the
-        # result a 64-byte-aligned row XLA adopts without a copy, for every dtype the core reduces as it is (the
-        # core checks op and dtype: one rule for every binding)
+        # a concrete array (a Tracer is another type): the core's synchronous call on a read-only view of it, for
+        # every dtype the core reduces as it is (the core checks op and dtype: one rule for every binding). The
+        # core's own result comes back: small, XLA copies it (cheaper than aliasing it); large, from the core's
+        # 64-byte-aligned result pool, XLA adopts it without a copy
         array = np.asarray(tensor)
         if array.dtype not in WIRE_VIEWED and array.flags.c_contiguous:       # (a dtype with no Wire view)
-            out = result_empty(array.shape, array.dtype) if array.nbytes < POOLED_BYTES else None
             result = collectives.allreduce(array, Average if op is None and average is None else
                                            resolve_op(op, average, adasum=True), name, float(prescale_factor),
-                                           float(postscale_factor), out, process_set)
-            return adopt(result, aval_of(array.shape, array.dtype)) if result is out else to_jax(result)
+                                           float(postscale_factor), None, process_set)
+            return copy_to_jax(result) if result.nbytes < COPIED_BYTES else to_jax(result)
     if not isinstance(tensor, jax.Array):
         tensor = jax.numpy.asarray(tensor)
     if not isinstance(tensor, jax.core.Tracer):

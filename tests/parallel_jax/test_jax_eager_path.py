@@ -42,12 +42,16 @@ def test_eager_allreduce_is_the_core_call_and_numpy_equal(no_primitive):
     np.testing.assert_allclose(np.asarray(listed), [size + size * (size - 1) / 2, 2.0 * size])
 
 
-def test_large_eager_results_held_by_the_caller_stay_intact(no_primitive):
-    r, n = hvd.rank(), 300_000
-    held = [hvd.allreduce(jnp.asarray(data(n, call, r)), op=hvd.Sum, name="jax.eager.held") for call in range(6)]
-    for call, y in enumerate(held):
-        np.testing.assert_array_equal(np.asarray(y), total(n, call, hvd.size()),
-                                      err_msg=f"rank {r}: result {call} changed")
+def test_eager_results_held_by_the_caller_stay_intact(no_primitive):
+    """Small results (copies XLA makes) and large ones (the core's pooled buffers, adopted), several of each held
+    while later calls of the same name run."""
+    r = hvd.rank()
+    for n in (1000, 300_000):
+        held = [hvd.allreduce(jnp.asarray(data(n, call, r)), op=hvd.Sum, name=f"jax.eager.held.{n}")
+                for call in range(6)]
+        for call, y in enumerate(held):
+            np.testing.assert_array_equal(np.asarray(y), total(n, call, hvd.size()),
+                                          err_msg=f"rank {r}: result {call} of {n} changed")
 
 
 def test_traced_calls_still_take_the_primitive():
