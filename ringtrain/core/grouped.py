@@ -11,6 +11,9 @@ where they lie) and that array is reduced in place as one small allreduce, whose
 binding may describe its tensors itself and hand over their addresses (planned_call). Anything else becomes one
 request per (dtype, device).
 """
+from functools import partial
+from operator import itemgetter
+
 import numpy as np
 
 from ..engine.fusion import HOST_OPS, ops_for
@@ -42,7 +45,7 @@ def allreduce(arrays, op, name, prescale_factor, postscale_factor, outs, process
     memo = to.engine.memo
     plan = None if key is None else memo.get(key)
     if plan is not None:
-        return planned(to.engine, plan, tuple(arrays))
+        return list(planned(to.engine, plan, tuple(arrays)))
     results = start(arrays, op, name, prescale_factor, postscale_factor, outs, True, process_set).wait()
     if key is not None:
         plan_for(memo, key, name, op, prescale_factor, postscale_factor, arrays)
@@ -52,9 +55,9 @@ def allreduce(arrays, op, name, prescale_factor, postscale_factor, outs, process
 def planned_call(members, signature, op, name, prescale_factor, postscale_factor, process_set):
     """A binding's recurring group, described by the binding: `signature` (hashable) fixes each member's dtype and
     shape and says it is C-contiguous host memory, `members` are the members' int addresses (valid during the
-    call). (results, name, key): the list of result arrays when the group has a plan, else (None, the call's name,
-    the memo key): the binding then calls allreduce(its numpy arrays, op, name, ..., key=key), which makes the plan
-    when the group allows one."""
+    call). (results, name, key): the result arrays (a sequence) when the group has a plan, else (None, the call's
+    name, the memo key): the binding then calls allreduce(its numpy arrays, op, name, ..., key=key), which makes the
+    plan when the group allows one."""
     to = route(process_set)
     if name.__class__ is not str or not name:           # (a named call needs no call_name)
         name = _name("grouped_allreduce", name, to)
@@ -67,8 +70,9 @@ def planned_call(members, signature, op, name, prescale_factor, postscale_factor
 
 class GroupPlan(ExpressPlan):
     """A recurring small group's express facts (ExpressPlan's) and its layout: the members' byte sizes and where
-    each result lies in the packed result (slice, and shape or None for 1-D: the slice is the result as it is)."""
-    __slots__ = ("sizes", "dtype", "count", "layout", "addresses", "pack")
+    each result lies in the packed result (slice, and shape or None for 1-D: the slice is the result as it is);
+    views(packed): the results, as views of the packed result (one itemgetter call when every member is 1-D)."""
+    __slots__ = ("sizes", "dtype", "count", "layout", "addresses", "pack", "views")
 
     def __init__(self, name, meta, arrays):
         super().__init__(name, meta)
@@ -80,6 +84,8 @@ class GroupPlan(ExpressPlan):
             layout.append((slice(offset, offset + a.size), None if len(a.shape) == 1 else a.shape))
             offset += a.size
         self.layout = tuple(layout)
+        flat = len(layout) > 1 and all([shape is None for _, shape in layout])
+        self.views = itemgetter(*[part for part, _ in layout]) if flat else partial(_shaped_views, self.layout)
         module = native_cycle.library()
         self.addresses = not isinstance(module, str)        # members may be int addresses: the compiled pack
         self.pack = module.pack_group if self.addresses else _pack_buffers      # (members, sizes, out)
@@ -98,12 +104,22 @@ def plan_for(memo, key, name, op, prescale_factor, postscale_factor, arrays):
 def planned(eng, plan, members):
     """A recurring small synchronous grouped allreduce: the members (C-contiguous host buffers of plan.sizes bytes,
     or their int addresses when the native cycle is built: native_cycle.pack) packed into one fresh array, which is
-    reduced in place as one small allreduce (express_packed). The results are views of that array, which nothing
-    else holds."""
+    reduced in place as one small allreduce: first offered to the compiled module whole (plan.fast, as
+    collectives.allreduce does; True is done), else express_packed, which also finishes a cycle the compiled call
+    published but did not finish (resumed). The results (a sequence) are views of that array, which nothing else
+    holds."""
     packed = np.empty(plan.count, plan.dtype)
     plan.pack(members, plan.sizes, packed)
-    express_packed(eng, plan.name, plan.meta, packed, plan)
-    return [packed[part] if shape is None else packed[part].reshape(shape) for part, shape in plan.layout]
+    fast = plan.fast
+    resumed = None if fast is None else fast[0](fast, packed, packed)
+    if resumed is not True:
+        express_packed(eng, plan.name, plan.meta, packed, plan, resumed)
+    return plan.views(packed)
+
+
+def _shaped_views(layout, packed):
+    """GroupPlan.views of a group with members of more than one dimension."""
+    return [packed[part] if shape is None else packed[part].reshape(shape) for part, shape in layout]
 
 
 def _pack_buffers(members, sizes, out):
@@ -111,19 +127,12 @@ def _pack_buffers(members, sizes, out):
     native_cycle.pack((members, sizes), out)
 
 
-def express_packed(eng, name, meta, packed, plan=None):
+def express_packed(eng, name, meta, packed, plan=None, resumed=None):
     """A small synchronous group packed into one array, reduced in place: one express cycle, or an ordinary request
     when the express path does not apply. Every rank packs (the choice depends on the agreed metadata alone), so
-    every rank makes the same transport call whichever path each takes (the executor's invariant). A planned one
-    is first offered to the compiled module whole (plan.fast, as collectives.allreduce does): True is done; a cycle
-    it published but did not finish is finished by Engine.express (resumed)."""
-    resumed = None
-    if plan is not None:
-        fast = plan.fast
-        if fast is not None:
-            resumed = fast[0](fast, packed, packed)
-            if resumed is True:
-                return
+    every rank makes the same transport call whichever path each takes (the executor's invariant). resumed: the
+    compiled call's outcome for a planned one (planned()): a cycle it published but did not finish is finished by
+    Engine.express."""
     done = eng.express(name, meta, packed, packed, None, plan, resumed)
     if done is None:
         done = Handle((name,), eng.drive)
