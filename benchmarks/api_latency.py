@@ -27,6 +27,11 @@ Forms (torch unless named):
   jax_convert   the eager call's conversions alone: np.asarray(a), a numpy copy, a new jax.Array of it (no collective)
 A JAX form's timed call returns the jax.Array (the check reads it with np.asarray afterwards, untimed), as the torch
 forms return tensors.
+--pairs N: then, at each size, N pairs of one in-place and one out-of-place call (the two arms interleaved call by
+call, the order alternating ABBA), each call timed alone (the slowest rank's time); the table gives the median of
+the per-pair ratios out of place / in place with its quartiles: a steadier reading of what the out-of-place result
+costs than two separately timed blocks of calls, which drift with the machine between them.
+
 The floors' x_mpi says how far a form could get if ringtrain's own part took no time at all. x_conv_mpi (tf_eager and
 jax_eager): the ratio to that framework's conversions alone plus MPI_Allreduce, in the same round -- the reference
 for a TF or JAX caller, whose tensors must become host arrays and back whatever library reduces them.
@@ -43,7 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np                                     # noqa: E402
 from mpi4py import MPI                                 # noqa: E402
 
-from common import format_table, human_bytes, machine_info, median, write_json   # noqa: E402
+from common import format_table, human_bytes, machine_info, median, pair_summary, write_json   # noqa: E402
 
 SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20)
 CALLS = {4 << 10: 300, 64 << 10: 150, 1 << 20: 30, 16 << 20: 6}
@@ -139,6 +144,32 @@ def make_forms(args):
     return forms
 
 
+def run_pairs(forms, nbytes, pairs, comm):
+    """--pairs: `pairs` pairs of one in-place and one out-of-place call of nbytes, interleaved ABBA, each call timed
+    alone; the slowest rank's time of each call, as (in-place times, out-of-place times) in us."""
+    arms = [forms["in_place"], forms["out_of_place"]]
+    states = [setup(nbytes) for setup, _, _ in arms]
+    kept = None
+    for (_, call, _), s in zip(arms, states):     # warm-up: plans, pools
+        kept = call(s)
+        kept = call(s)
+    times = np.zeros((2, pairs))
+    clock = time.perf_counter
+    comm.Barrier()
+    for i in range(pairs):
+        for arm in ((0, 1) if i % 4 in (0, 3) else (1, 0)):
+            call, s = arms[arm][1], states[arm]
+            t0 = clock()
+            result = call(s)
+            times[arm, i] = clock() - t0
+            if arm == 1:
+                kept = result          # a caller's variable: the previous result lives until this call returns
+    del kept
+    slowest = np.empty_like(times)
+    comm.Allreduce(times, slowest, op=MPI.MAX)
+    return slowest[0] * 1e6, slowest[1] * 1e6
+
+
 def _unstreamed(allreduce, t, name):
     """allreduce(t, name=name) with the shm transport's non-temporal result writes off (ringtrain/stream_copy.py)."""
     from ringtrain import stream_copy
@@ -180,6 +211,8 @@ def main():
     parser.add_argument("--forms", default=None, help="comma-separated subset of forms")
     parser.add_argument("--tf", action="store_true", help="include TensorFlow eager")
     parser.add_argument("--jax", action="store_true", help="include JAX eager")
+    parser.add_argument("--pairs", type=int, default=0, help="then N interleaved in-place/out-of-place pairs per "
+                                                                 "size (per-pair ratios)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--out", default=None, help="write the table here too, between lines giving the command, "
                                                     "the start and end times, the load and the commit")
@@ -224,6 +257,8 @@ def main():
                 faults.setdefault(key, []).append(comm.allreduce(faulted, op=MPI.MAX))
                 times.setdefault(key, []).append(slowest * 1e6)
                 wrong[key] = wrong.get(key, 0) + comm.allreduce(bad, op=MPI.SUM)
+    pair_times = {nbytes: run_pairs(forms, nbytes, args.pairs, comm) for nbytes in sizes
+                  if args.pairs and "in_place" in forms and "out_of_place" in forms}
     if rank == 0:
         mpi = {nbytes: times[("MPI_Allreduce", nbytes)] for nbytes in sizes}
         records, rows = [], []
@@ -253,6 +288,20 @@ def main():
                  f"faults: minor page faults per call (median over rounds of the most of any rank)")
         text = format_table(["size", "form", "time_us", "min_us", "max_us", "x_mpi", "x_in_place", "x_conv_mpi",
                              "faults", "#wrong"], rows, title=title)
+        pair_records = []
+        for nbytes, (in_place, out_of_place) in pair_times.items():
+            ratio, low, high = pair_summary(in_place, out_of_place)
+            pair_records.append({"bytes": nbytes, "pairs": len(in_place), "in_place_us": median(list(in_place)),
+                                 "out_of_place_us": median(list(out_of_place)), "x_in_place": ratio,
+                                 "x_in_place_quartiles": [low, high]})
+        if pair_records:
+            text += "\n" + format_table(
+                ["size", "pairs", "in_place_us", "out_of_place_us", "x_in_place", "quartiles"],
+                [[human_bytes(r["bytes"]), r["pairs"], f"{r['in_place_us']:.1f}", f"{r['out_of_place_us']:.1f}",
+                  f"{r['x_in_place']:.3f}", "%.3f-%.3f" % tuple(r["x_in_place_quartiles"])] for r in pair_records],
+                title=f"out of place against in place, call by call: {args.pairs} pairs per size, the arms "
+                      f"interleaved ABBA, each call the slowest rank's time; x_in_place: median of the per-pair "
+                      f"ratios (quartiles beside)")
         load = os.getloadavg()
         text += f"\n# load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
         print(text, flush=True)
@@ -264,7 +313,7 @@ def main():
                         f"# {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC end\n")
         if args.json:
             write_json(args.json, {"machine": machine_info(), "ranks": size, "rounds": rounds,
-                                   "loadavg_end": load, "records": records})
+                                   "loadavg_end": load, "records": records, "pairs": pair_records})
     hvd.shutdown()
 
 

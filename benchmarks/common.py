@@ -164,6 +164,14 @@ def plot_busbw(records, path, title):
     plt.close(fig)
 
 
+def pair_summary(a, b):
+    """Arms measured in pairs (a[i] and b[i] in the same moment): the per-pair ratios b / a as (median, first
+    quartile, third quartile)."""
+    import numpy as np
+    ratios = np.asarray(b, dtype=float) / np.asarray(a, dtype=float)
+    return float(np.median(ratios)), float(np.percentile(ratios, 25)), float(np.percentile(ratios, 75))
+
+
 def median(values):
     ordered = sorted(values)
     mid = len(ordered) // 2

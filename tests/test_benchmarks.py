@@ -280,6 +280,8 @@ def test_jax_scaling_pairs_each_round_with_the_peer_round_of_the_same_job():
 
 
 def test_common_helpers():
+    # pair_summary: the per-pair ratios b / a (1.5, 1, 1, 4): median, first and third quartile
+    assert common.pair_summary([2.0, 1.0, 4.0, 1.0], [3.0, 1.0, 4.0, 4.0]) == (1.25, 1.0, 2.125)
     assert common.size_ladder(4, 256) == [4, 16, 64, 256]
     assert common.bus_bandwidth(3.0, 4) == pytest.approx(3.0 * 2 * 3 / 4)
     assert common.bus_bandwidth(3.0, 1) == 3.0
@@ -509,13 +511,19 @@ def test_api_latency_quick_measures_every_form_beside_mpi(tmp_path):
     pytest.importorskip("torch")
     out_json, out_txt = str(tmp_path / "api.json"), str(tmp_path / "api.txt")
     stdout = run_script([mpiexec(), "-n", "2", sys.executable, os.path.join(BENCH_DIR, "api_latency.py"), "--quick",
-                         "--sizes", "4096,262144", "--json", out_json, "--out", out_txt], timeout=120)
+                         "--sizes", "4096,262144", "--pairs", "3", "--json", out_json, "--out", out_txt], timeout=120)
     with open(out_txt) as f:
         lines = f.read().splitlines()
     assert "UTC start, commit" in lines[0] and lines[1].startswith("# mpiexec -n 2 python benchmarks/api_latency.py")
     assert "UTC end" in lines[-1]
     with open(out_json) as f:
-        records = json.load(f)["records"]
+        written = json.load(f)
+    records = written["records"]
+    # --pairs: per size, the median of the per-pair ratios out of place / in place, between its quartiles
+    assert [(p["bytes"], p["pairs"]) for p in written["pairs"]] == [(4096, 3), (262144, 3)], written["pairs"]
+    for p in written["pairs"]:
+        low, high = p["x_in_place_quartiles"]
+        assert 0 < low <= p["x_in_place"] <= high and p["in_place_us"] > 0 and p["out_of_place_us"] > 0, p
     forms = {r["form"] for r in records}
     assert forms == {"in_place", "out_of_place", "unnamed", "async_wait", "async_wait_", "grouped", "scalar", "numpy",
                      "MPI_Allreduce"}, forms
@@ -525,7 +533,7 @@ def test_api_latency_quick_measures_every_form_beside_mpi(tmp_path):
         assert (r["x_in_place"] is None) == (r["form"] == "scalar"), r
         assert r["x_conv_mpi"] is None, r       # (TF and JAX eager forms only: --tf / --jax)
     assert {r["bytes"] for r in records if r["form"] == "out_of_place"} == {4096, 262144}
-    assert "x_in_place" in stdout and "faults" in stdout
+    assert "x_in_place" in stdout and "faults" in stdout and "quartiles" in stdout
 
 
 def test_train_scaling_metric_twins_and_their_table():
