@@ -1,18 +1,29 @@
 """The examples' data: scikit-learn's digits (ships with the package) or MNIST from IDX files, framework-free so the
 torch and the Keras examples train on exactly the same rows."""
 import gzip
+import importlib.util
 import os
 import struct
 
 import numpy as np
 
 
+def load_digits():
+    """sklearn's 1,797 8x8 digits as (pixels scaled to [0, 1] float32 (1797, 64), labels int64): the CSV file that
+    scikit-learn ships, read as sklearn.datasets.load_digits reads it, without importing sklearn.datasets (that
+    import pulls in scipy.stats: seconds per process, paid by every rank and every worker that joins)."""
+    spec = importlib.util.find_spec("sklearn")       # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("the digits data set comes with scikit-learn: pip install scikit-learn")
+    path = os.path.join(spec.submodule_search_locations[0], "datasets", "data", "digits.csv.gz")
+    with gzip.open(path, "rt") as f:
+        data = np.loadtxt(f, delimiter=",")
+    return (data[:, :-1] / 16.0).astype(np.float32), data[:, -1].astype(np.int64)
+
+
 def load_digits_split(test_fraction, seed):
-    """sklearn's 1,797 8x8 digits, pixels scaled to [0, 1], split by a fixed permutation."""
-    from sklearn.datasets import load_digits
-    digits = load_digits()
-    x = (digits.data / 16.0).astype(np.float32)
-    y = digits.target.astype(np.int64)
+    """sklearn's digits (load_digits), split by a fixed permutation."""
+    x, y = load_digits()
     order = np.random.default_rng(seed).permutation(len(y))
     n_test = int(round(len(y) * test_fraction))
     test, train = order[:n_test], order[n_test:]

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 import ringtrain.torch as hvd
+from data import load_digits as digits_arrays   # examples/data.py
 
 
 def parse_args():
@@ -30,10 +31,7 @@ def parse_args():
 
 def load_digits(seed=0):
     """sklearn's 1,797 8x8 digits, pixels in [0, 1], split 80/20 by a fixed permutation."""
-    from sklearn.datasets import load_digits as sklearn_digits
-    digits = sklearn_digits()
-    x = torch.tensor(digits.data / 16.0, dtype=torch.float32)
-    y = torch.tensor(digits.target, dtype=torch.int64)
+    x, y = (torch.from_numpy(a) for a in digits_arrays())
     order = torch.tensor(np.random.default_rng(seed).permutation(len(y)))
     n_test = len(y) // 5
     return (x[order[n_test:]], y[order[n_test:]]), (x[order[:n_test]], y[order[:n_test]])
