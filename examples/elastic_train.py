@@ -61,12 +61,16 @@ def main():
 
     state.register_reset_callbacks([scale_lr])
 
+    first_epoch = []                    # the epoch this worker first trains in: > 0 when it joined later
+
     @hvd.elastic.run
     def train(state):
+        first_epoch[:] = first_epoch or [state.epoch]
         while state.epoch < args.epochs:
             losses = []
             for batch in range(state.sampler.steps(args.batch_size)):
-                if args.demo_kill == hvd.rank() and state.epoch == 2 and batch == 2 and hvd.size() > 1:
+                if (args.demo_kill == hvd.rank() and state.epoch == 2 and batch == 2 and hvd.size() > 1
+                        and first_epoch == [0]):       # (a worker that joins in epoch 2 takes the slot, not the kill)
                     os.kill(os.getpid(), signal.SIGKILL)
                 rows = state.sampler.get_indices(batch, args.batch_size)   # may be [] on a rank near the end
                 optimizer.zero_grad()

@@ -74,7 +74,8 @@ def main():
 
     class RecordBatches(keras.callbacks.Callback):
         def on_batch_begin(self, batch, logs=None):
-            if args.demo_kill == hvd.rank() and state.epoch == 2 and batch == 2 and hvd.size() > 1:
+            if (args.demo_kill == hvd.rank() and state.epoch == 2 and batch == 2 and hvd.size() > 1
+                    and first_epoch == [0]):       # (a worker that joins in epoch 2 takes the slot, not the kill)
                 os.kill(os.getpid(), signal.SIGKILL)
 
         def on_batch_end(self, batch, logs=None):
@@ -89,8 +90,11 @@ def main():
     callbacks = [RecordBatches(), hvd.elastic.UpdateEpochStateCallback(state),
                  hvd.elastic.CommitStateCallback(state, batches_per_commit=args.commit_every)]
 
+    first_epoch = []                    # the epoch this worker first trains in: > 0 when it joined later
+
     @hvd.elastic.run
     def train(state):
+        first_epoch[:] = first_epoch or [state.epoch]
         sampler.load_state_dict(state.sampler_state)        # the record handed over, dealt over this world
         while state.epoch < args.epochs:
             if sampler.steps(args.batch_size):

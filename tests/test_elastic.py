@@ -211,6 +211,7 @@ def test_example_survives_a_killed_worker_and_takes_in_a_new_one(script, tmp_pat
                                 str(discover), "--blacklist-cooldown-range", "1", "1"))
     assert "world 2: 2 workers" in out, out[-12000:]
     assert re.search(r"world 3: 3 workers; joined: localhost\[2\]", out), out[-12000:]
+    assert "world 4:" not in out, out[-12000:]            # the worker that took rank 2's slot is not killed again
     # an epoch's line is missing when the world changed during its test pass (it re-forms and goes on)
     epochs = {int(e): (int(w), float(a)) for e, w, a in
               re.findall(r"^epoch +(\d+)/6  workers (\d)  .*test accuracy ([0-9.]+)$", out, re.M)}
