@@ -143,7 +143,8 @@ def test_a_stall_leaves_the_job_usable(n, framework):
     """One rank skips an allreduce, then every rank runs ten more; then one rank names an allreduce differently,
     and ten more. Every rank learns of each stall with the tensor and the ranks named, and the calls after it are
     correct: the stalled collectives are dropped everywhere, nothing is left over to poison later calls."""
-    job = run_job("stall_then_continue.py", n, framework)
+    # a 2 s stall timeout (the others' 3 s): this job waits out three stalls per framework, one after the other
+    job = run_job("stall_then_continue.py", n, framework, RINGTRAIN_STALL_TIMEOUT_S=2)
     assert job.returncode == 0, job
     odd = n - 1
     for rank in range(n):
