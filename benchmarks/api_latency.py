@@ -25,6 +25,12 @@ Forms (torch unless named):
   jax_eager     ringtrain.jax.allreduce(a, name=...)         (--jax)
   jax_callback  jax.pure_callback(identity, a): JAX's own floor for a host call (no collective)
   jax_convert   the eager call's conversions alone: np.asarray(a), a numpy copy, a new jax.Array of it (no collective)
+  jax_in        np.asarray(a) alone: the eager call's way in (a read-only view of the jax.Array's buffer)
+  jax_out       a new jax.Array of a numpy result (a copy XLA makes), dropped: the eager call's way out for results
+                below 256 KB and the freeing of its result (larger results are adopted from the core's pool: not
+                timed here)
+With numpy (the core call the eager call makes), jax_in + numpy + jax_out is the JAX eager call's floor phase by
+phase; what jax_eager takes beyond that sum is the binding's own Python.
 A JAX form's timed call returns the jax.Array (the check reads it with np.asarray afterwards, untimed), as the torch
 forms return tensors.
 --pairs N: then, at each size, N pairs of one in-place and one out-of-place call (the two arms interleaved call by
@@ -54,6 +60,7 @@ SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20)
 CALLS = {4 << 10: 300, 64 << 10: 150, 1 << 20: 30, 16 << 20: 6}
 QUICK_CALLS = {4 << 10: 100, 64 << 10: 40, 1 << 20: 8, 16 << 20: 2}
 OPT_IN = {"out_of_place_unstreamed"}     # forms that run only when --forms names them
+SMALL_ONLY = {"jax_out": 256 << 10}      # forms timed only below this size
 CONVERSIONS = {"tf_eager": "tf_convert", "jax_eager": "jax_convert"}    # x_conv_mpi's reference, with MPI's time
 
 
@@ -130,6 +137,10 @@ def make_forms(args):
         forms["jax_convert"] = (lambda nbytes: {"a": jnp.asarray(data(nbytes // 4))},
                                 lambda s: _jax_round_trip(jax_arrays, s["a"]),
                                 lambda nbytes: data(nbytes // 4))
+        forms["jax_in"] = (lambda nbytes: {"a": jnp.asarray(data(nbytes // 4))}, lambda s: np.asarray(s["a"]),
+                           lambda nbytes: data(nbytes // 4))
+        forms["jax_out"] = (lambda nbytes: {"r": np.zeros(nbytes // 4, np.float32)},
+                            lambda s: jax_arrays.copy_to_jax(s["r"]), lambda nbytes: np.zeros(nbytes // 4))
 
     comm = MPI.COMM_WORLD
 
@@ -237,7 +248,7 @@ def main():
         for nbytes in sizes:
             n_calls = calls.get(nbytes, max(2, int(3e8 // max(nbytes, 1) // 100)))
             for form, (setup, call, expected) in forms.items():
-                if form == "scalar" and nbytes != sizes[0]:
+                if (form == "scalar" and nbytes != sizes[0]) or nbytes >= SMALL_ONLY.get(form, nbytes + 1):
                     continue
                 s = setup(nbytes)
                 result = call(s)          # warm-up: first sightings, caches, pools
