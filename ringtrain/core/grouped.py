@@ -13,6 +13,7 @@ request per (dtype, device).
 """
 from functools import partial
 from operator import itemgetter
+from sys import getrefcount
 
 import numpy as np
 
@@ -71,8 +72,9 @@ def planned_call(members, signature, op, name, prescale_factor, postscale_factor
 class GroupPlan(ExpressPlan):
     """A recurring small group's express facts (ExpressPlan's) and its layout: the members' byte sizes and where
     each result lies in the packed result (slice, and shape or None for 1-D: the slice is the result as it is);
-    views(packed): the results, as views of the packed result (one itemgetter call when every member is 1-D)."""
-    __slots__ = ("sizes", "dtype", "count", "layout", "addresses", "pack", "views")
+    views(packed): the results, as views of the packed result (one itemgetter call when every member is 1-D);
+    spare: the last packed array (planned() hands it out again once nothing else refers to it)."""
+    __slots__ = ("sizes", "dtype", "count", "layout", "addresses", "pack", "views", "spare")
 
     def __init__(self, name, meta, arrays):
         super().__init__(name, meta)
@@ -89,6 +91,7 @@ class GroupPlan(ExpressPlan):
         module = native_cycle.library()
         self.addresses = not isinstance(module, str)        # members may be int addresses: the compiled pack
         self.pack = module.pack_group if self.addresses else _pack_buffers      # (members, sizes, out)
+        self.spare = None
 
 
 def plan_for(memo, key, name, op, prescale_factor, postscale_factor, arrays):
@@ -103,12 +106,19 @@ def plan_for(memo, key, name, op, prescale_factor, postscale_factor, arrays):
 
 def planned(eng, plan, members):
     """A recurring small synchronous grouped allreduce: the members (C-contiguous host buffers of plan.sizes bytes,
-    or their int addresses when the native cycle is built: native_cycle.pack) packed into one fresh array, which is
-    reduced in place as one small allreduce: first offered to the compiled module whole (plan.fast, as
-    collectives.allreduce does; True is done), else express_packed, which also finishes a cycle the compiled call
-    published but did not finish (resumed). The results (a sequence) are views of that array, which nothing else
-    holds."""
-    packed = np.empty(plan.count, plan.dtype)
+    or their int addresses when the native cycle is built: native_cycle.pack) packed into one array that nothing
+    else refers to, which is reduced in place as one small allreduce: first offered to the compiled module whole
+    (plan.fast, as collectives.allreduce does; True is done), else express_packed, which also finishes a cycle the
+    compiled call published but did not finish (resumed). The results (a sequence) are views of that array.
+
+    The array is the last call's (plan.spare) when nothing but the plan and this frame refers to it: each result of
+    that call -- a view of it, a torch tensor made from one, anything viewing those -- holds a reference to it (as
+    result_pool.py's blocks), so a result someone keeps is never written again; else a fresh one. Nothing else can
+    take a reference to the spare (it is reached only through the plan), and a second thread that reads it before
+    this one returns holds a reference of its own, so it makes a fresh one."""
+    packed = plan.spare
+    if packed is None or getrefcount(packed) > 3:      # (the plan's, this frame's and getrefcount's own)
+        packed = plan.spare = np.empty(plan.count, plan.dtype)
     plan.pack(members, plan.sizes, packed)
     fast = plan.fast
     resumed = None if fast is None else fast[0](fast, packed, packed)
