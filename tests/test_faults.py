@@ -80,7 +80,7 @@ OUTLIVE_A_KILLED_RANK = (f'python "$0" "$@"; s=$?; if [ $s -gt 128 ]; then sleep
                          f'elif [ $s -ne 0 ]; then sleep {SURVIVOR_LINGER_S}; fi; exit $s')
 
 
-def run_job(script, n, *args, launcher_args=(), outlive_killed_rank=False, **env):
+def run_job(script, n, *args, launcher_args=(), outlive_killed_rank=False, hard_kill_s=HARD_KILL_S, **env):
     rank_cmd = [sys.executable, str(SCRIPTS / script), *args]
     if outlive_killed_rank:
         rank_cmd = ["sh", "-c", OUTLIVE_A_KILLED_RANK.replace("python", sys.executable, 1), *rank_cmd[1:]]
@@ -89,11 +89,11 @@ def run_job(script, n, *args, launcher_args=(), outlive_killed_rank=False, **env
     proc = subprocess.Popen(cmd, cwd=REPO, env=_env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:
-        out, _ = proc.communicate(timeout=HARD_KILL_S)
+        out, _ = proc.communicate(timeout=hard_kill_s)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
         out, _ = proc.communicate()
-        pytest.fail(f"{script} {args} with {n} ranks still running after {HARD_KILL_S}s:\n{out}")
+        pytest.fail(f"{script} {args} with {n} ranks still running after {hard_kill_s}s:\n{out}")
     job = Job(proc.returncode, time.monotonic() - start, out)
     print(f"\n[fault] {script} {' '.join(args)} n={n}: exit {job.returncode} in {job.seconds:.1f}s")
     for rank in range(n):
@@ -163,7 +163,7 @@ def test_a_stall_leaves_the_job_usable(n, framework):
 
 
 def test_divergent_name_stalls_then_errors_everywhere():
-    job = run_job("divergent_name.py", 2)
+    job = run_job("divergent_name.py", 2, RINGTRAIN_STALL_TIMEOUT_S=2)      # two stalls, one after the other
     assert job.returncode == 0, job               # a stall ends the collectives in it, not the job
     assert job.seconds < MUST_END_S, job
     for rank in range(2):
@@ -192,7 +192,7 @@ def test_bad_input_is_a_clear_error_and_job_stays_usable():
 
 @pytest.mark.parametrize("n,env", [(2, {}), (3, SPLIT)], ids=_nodes_id)
 def test_skipped_step_warns_then_stall_error_and_the_loop_goes_on(n, env):
-    job = run_job("skip_step.py", n, **env)
+    job = run_job("skip_step.py", n, RINGTRAIN_STALL_TIMEOUT_S=2, **env)    # the warning at 1 s, the error at 2
     assert job.returncode == 0, job
     assert job.seconds < MUST_END_S, job
     skipper = n - 1
@@ -262,11 +262,13 @@ def test_sigkill_mid_allreduce_ends_everything(n, env):
     _assert_no_leftovers([int(p) for p in pids.values()])
 
 
-def test_rank_calling_shutdown_early_is_named_on_the_others():
-    """The others must notice the shutdown message itself: not the quitter's death (it stays alive for
-    6 s after its shutdown(), longer than the 5 s allowed here) and not a stall (its timeout is set far above)."""
+def test_rank_calling_shutdown_early_is_named_on_the_others(tmp_path):
+    """The others must notice the shutdown message itself: not the quitter's death (it stays alive until they
+    have all caught their error, or 6 s after its shutdown(), longer than the 5 s allowed here) and not a stall
+    (its timeout, 10 s, is past that too)."""
     n = 3
-    job = run_job("early_shutdown.py", n, RINGTRAIN_STALL_TIMEOUT_S=MUST_END_S + 30)
+    job = run_job("early_shutdown.py", n, hard_kill_s=MUST_END_S, RINGTRAIN_STALL_TIMEOUT_S=10,
+                  EARLY_SHUTDOWN_MARKERS=tmp_path)
     assert job.returncode != 0, job
     assert job.seconds < MUST_END_S, job
     quitter = n - 1

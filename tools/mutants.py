@@ -1529,6 +1529,12 @@ MUTANTS = [
            'return meta.kind == "allreduce" and meta.device == "cpu"',
            (Tests(("tests/parallel/test_collectives.py",), ranks=2),),
            "the one fast-path rule lets a prescaled allreduce through; the express paths cannot apply it"),
+    Mutant("a_shutdown_is_never_told_to_the_others", "ringtrain/engine/negotiation.py",
+           "        gone = self.shut_down - set(metas)\n",
+           "        gone = set()\n",
+           (Tests(("tests/test_faults.py",), select="shutdown_early"),),
+           "a rank's shutdown() leaves the others waiting in their next collective: they learn of it only from a "
+           "stall or its process's death"),
     Mutant("stall_leftovers_stay_in_the_book", "ringtrain/engine/negotiation.py",
            "        for name in names:\n            del self.pending[name]\n",
            "        for name in names:\n            pass\n",

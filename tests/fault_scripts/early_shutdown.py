@@ -1,5 +1,9 @@
 """The last rank calls shutdown() after step 1 while the others keep submitting. They must get
-RankFailureError / ShutdownError naming that rank, within seconds, not a stall timeout."""
+RankFailureError / ShutdownError naming that rank, within seconds, not a stall timeout.
+
+The quitter stays alive until every other rank has caught its error (each leaves a file in EARLY_SHUTDOWN_MARKERS)
+or 6 s passed, so what the others notice is the shutdown itself, never a dead process."""
+import os
 import sys
 import time
 
@@ -10,18 +14,22 @@ from _common import caught, say
 
 rt.init()
 quitter = rt.size() - 1
-me = rt.rank()
+me, others = rt.rank(), rt.size() - 1
+markers = os.environ["EARLY_SHUTDOWN_MARKERS"]
 try:
     for step in range(10):
         if step == 2 and me == quitter:
             say(f"SHUTTING DOWN EARLY at {time.time():.3f}")
             rt.shutdown()
-            time.sleep(6)        # stay alive: the others must notice the shutdown itself, not a dead process
+            deadline = time.monotonic() + 6      # (past the 5 s the test allows the others)
+            while len(os.listdir(markers)) < others and time.monotonic() < deadline:
+                time.sleep(0.05)
             sys.exit(0)
         rt.allreduce(np.ones(100, np.float32), name=f"grad.step{step}")
 except rt.RingtrainError as e:
     say(f"CAUGHT-AT {time.time():.3f}")
     caught("early_shutdown", e)
+    open(os.path.join(markers, str(me)), "w").close()
     sys.exit(1)
 say("NO ERROR although a rank shut down early")
 sys.exit(3)
