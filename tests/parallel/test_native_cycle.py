@@ -119,7 +119,7 @@ def test_a_late_rank_hands_the_wait_to_python(native_outcomes):
 def test_a_skipped_call_still_stalls_naming_the_rank_and_tensor():
     """With a short stall timeout: the last rank skips a cached allreduce the others make in the native cycle."""
     rt.shutdown()
-    rt.init(stall_timeout_s=2.0, stall_warning_s=1.0)
+    rt.init(stall_timeout_s=1.0, stall_warning_s=0.5)
     try:
         agreement = native_or_skip()
         outcomes = []
