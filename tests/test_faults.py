@@ -143,8 +143,10 @@ def test_a_stall_leaves_the_job_usable(n, framework):
     """One rank skips an allreduce, then every rank runs ten more; then one rank names an allreduce differently,
     and ten more. Every rank learns of each stall with the tensor and the ranks named, and the calls after it are
     correct: the stalled collectives are dropped everywhere, nothing is left over to poison later calls."""
-    # a 2 s stall timeout (the others' 3 s): this job waits out three stalls per framework, one after the other
-    job = run_job("stall_then_continue.py", n, framework, RINGTRAIN_STALL_TIMEOUT_S=2)
+    # a 1 s stall timeout (the others' 3 s): this job waits out three stalls per framework, one after the other.
+    # What keeps the calls after a stall from stalling in turn scales with the timeout (the skipping rank's 1 s
+    # pause; the two sides of the divergence ending one timeout apart), so a short one tests the same.
+    job = run_job("stall_then_continue.py", n, framework, RINGTRAIN_STALL_TIMEOUT_S=1, RINGTRAIN_STALL_WARNING_S=0.5)
     assert job.returncode == 0, job
     odd = n - 1
     for rank in range(n):
