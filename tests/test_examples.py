@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 
+from extras import MISSING
 from ringtrain.launch import run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -49,6 +50,8 @@ def test_the_examples_read_sklearns_digits_as_sklearn_does():
     seconds): the same 1,797 rows, pixels in [0, 1], labels 0-9, bit for bit, and the split is a partition."""
     import hashlib
     import importlib.util
+    if importlib.util.find_spec("sklearn") is None:      # (found, not imported: importing it is what data.py avoids)
+        pytest.skip(f"sklearn is missing: the [test] {MISSING} (pip install -e \".[test]\")")
     spec = importlib.util.spec_from_file_location("examples_data", os.path.join(EXAMPLES, "data.py"))
     data = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(data)
