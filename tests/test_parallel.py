@@ -122,7 +122,8 @@ SIZE_MATTERS_FILES = ["test_adasum.py", "test_api_forms.py", "test_collectives.p
                       "test_fused_allreduce.py", "test_grouped_express.py", "test_hierarchical.py", "test_join.py",
                       "test_native_cycle.py", "test_observability.py", "test_process_sets.py", "test_recovery.py",
                       "test_reducer_ranks.py", "test_sharded_optimizer.py", "test_soak.py", "test_sync_batch_norm.py",
-                      "test_torch_autograd.py", "test_torch_horovod_rules.py", "test_transports.py"]
+                      "test_torch_autograd.py", "test_torch_horovod_rules.py", "test_transports.py",
+                      "test_window_results.py"]
 # The 4-rank job (4 ranks on 2 cores: the slowest per test) adds what a fourth rank changes: a power of two
 # (Adasum's halving), two pairs (process sets of evens and odds, 2+2 hierarchy), resharding 4 -> 1, 2, 3, the
 # collectives and every call form once more, joins, consistency, synchronized batch norm and steady-state memory.

@@ -35,7 +35,7 @@ def allreduce_async(array, op=Average, name: "str | None" = None, prescale_facto
                        process_set, False, True)
     to = route(process_set)
     op = op if op.__class__ is ReduceOp else as_op(op)
-    out = _allreduce_out(array, out)
+    out = _allreduce_out(array, out, to)
     name, meta, plan = _allreduce_plan(to, name, op, array, prescale_factor, postscale_factor)
     if plan is not None and plan.nbytes <= DEFER_BYTES:
         # a small recurring allreduce: held back (no request yet) for a prompt wait (Engine.hold)
@@ -61,7 +61,7 @@ def allreduce(array, op=Average, name: "str | None" = None, prescale_factor: flo
                            process_set, True, True).wait()
         op = as_op(op)
     to = route(process_set)
-    out = _allreduce_out(array, out)
+    out = _allreduce_out(array, out, to)
     name, meta, plan = _allreduce_plan(to, name, op, array, prescale_factor, postscale_factor)
     resumed = None
     if plan is not None:
@@ -101,7 +101,7 @@ def _allreduce_plan(to, name, op, array, prescale_factor, postscale_factor):
     return name, meta, memo.put(key, ExpressPlan(name, meta)) if express_eligible(meta) else None
 
 
-def _allreduce_out(array, out):
+def _allreduce_out(array, out, to):
     if out is array:            # in place
         return out
     if out is None:
@@ -109,7 +109,7 @@ def _allreduce_out(array, out):
             results = HOST_OPS.results
             if array.nbytes < results.plain_below:     # the pool's own rule for small results, without its call
                 return np.empty(array.shape, array.dtype)
-            return results.empty(array.shape, array.dtype)
+            return results.empty(array.shape, array.dtype, to.engine.transports["cpu"])
         return ops_for(_device_of(array)).empty(array.shape, array.dtype)
     if out.shape != array.shape or out.dtype != array.dtype:
         raise ValueError(f"allreduce out has shape {out.shape} {out.dtype}, input {array.shape} {array.dtype}")

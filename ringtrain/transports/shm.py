@@ -28,10 +28,20 @@ order (so every rank computes bitwise the same result). A peer can write the sam
 later, past a barrier this rank reaches only after it finished reading -- and no other collective touches the
 slots, so nothing else can overwrite them early.
 Inputs larger than the region are processed in chunks, each holding 1/K of every block so every rank keeps
-working on every chunk. broadcast and alltoall go through nonblocking MPI on the same communicator.
+working on every chunk.
+An out-of-place allreduce whose result lies in our region (result_pool hands out such results) runs the private
+chunks, but each chunk's copy-in goes from the input straight to the result's own place, peers reduce and push
+there, and there is no copy-out. Every rank publishes, per chunk, where its data lies: its offset (reduced in place
+where it lies), _PRIVATE (packed at the region's start) or _direct(offset) (such a result); ranks of the first kind
+switch to the chunks at the first barrier when any rank publishes a negative word. Race-free by the same argument:
+the result's positions of this chunk are written before "ready" by this rank only (the copy-in, non-temporal
+stores fenced before the flag), between "ready" and "done" block p by rank p only, and no rank touches them again
+after "done" unless it is handed this offset anew -- which a later collective publishes only for a buffer that
+result_pool handed out again, i.e. once nothing refers to the old result. broadcast and alltoall go through nonblocking MPI on the same communicator.
 """
 import logging
 import threading
+import weakref
 
 import numpy as np
 from mpi4py import MPI
@@ -48,6 +58,15 @@ log = logging.getLogger("ringtrain")
 _PAGE = 4096
 _SEQ, _OFFSET = 0, 1           # int64 slots in a flag line
 _PRIVATE = -1                  # the offset a rank publishes when its data is private: packed at its region's start
+
+
+def _NOTHING():
+    return None
+
+
+def _direct(offset):
+    """The word a rank publishes when its result lies at `offset` of its region and it runs chunks (and back)."""
+    return -2 - offset
 # What this rank is running -- kind + 256 * itemsize, bytes, checksum of the block counts -- at words 2-4 of its line
 # for a collective whose first sync has an even number, 5-7 for an odd one. Two places, because a rank that saw a
 # mismatch raises at once and may publish its next collective's signature while a slower peer has not read this one;
@@ -110,7 +129,7 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
         # the flag lines as Python ints: every collective writes and reads a few words of them, and a numpy call
         # on them costs tens of microseconds right after backward has evicted numpy from the caches
         self._words = memoryview(lines.reshape(-1))
-        self._last_in_region = (None, None)    # (array, its offset): the buffer reduced where it lies, every step
+        self._last_in_region = (_NOTHING, None)    # (weakref of an array, its offset): the buffer reduced where it lies
         lines[self.rank, :] = 0                # the window is not zeroed by MPI; each rank clears its own line
         self._win.Sync()
         node.Barrier()
@@ -153,7 +172,7 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
     def _offset_in_region(self, buf):
         """Byte offset of buf inside our region, or None when buf is ordinary memory (Segments always are)."""
         last, offset = self._last_in_region
-        if buf is last:                 # a bucket reduced in place every step: its array object never moves
+        if last() is buf:                 # a bucket reduced in place every step: its array object never moves
             return offset
         if buf.size == 0 or isinstance(buf, Segments):
             return None
@@ -161,7 +180,8 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
         if self._in_region(start, buf.nbytes):
             if not buf.flags.c_contiguous:
                 raise ValueError(f"rank {self.rank}: shm buffers must be contiguous")
-            self._last_in_region = (buf, start)     # window memory: holding on to it keeps nothing else alive
+            # weakly: a result in the window (result_pool) is reused only once nothing refers to it
+            self._last_in_region = (weakref.ref(buf), start)
             return start
         if -buf.nbytes < start < self._region_bytes:
             raise ValueError(f"rank {self.rank}: buffer of {buf.nbytes} bytes overlaps the end of the shared "
@@ -301,26 +321,19 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
         # a buffer in our region is used where it lies (only one that fits the region can lie there)
         in_region = self._offset_in_region(buf) if buf.nbytes <= self.capacity else None
         peers = [(r + i) % n for i in range(1, n)]       # ring order from r+1 spreads the readers
-        own_input = buf                                  # where this rank's own block is read from
+        direct = None                                    # where our result lies in our region, when it does
         if out is not buf:
-            out_in_region = self._offset_in_region(out) if out.nbytes <= self.capacity else None
-            if in_region is not None or (out_in_region is not None and not (reduce and gather)):
+            direct = self._offset_in_region(out)
+            if in_region is not None or (direct is not None and not (reduce and gather)):
                 raise ValueError(f"rank {r}: an out-of-place shm collective takes its input outside the shared "
                                  f"region, and only an allreduce's result inside it")
-            if out_in_region is not None:
-                # an allreduce into a buffer of our region: the blocks peers read are copied there (where they
-                # reduce them and push their results back), ours is read from buf below; then it runs as an
-                # allreduce in place in the region (all copy-in done here, before the first barrier, so the
-                # chunks a private peer imposes find every block in place)
-                starts = offsets(counts)
-                for p in peers:
-                    fill(out[starts[p]: starts[p] + counts[p]], buf[starts[p]: starts[p] + counts[p]])
-                buf, in_region = out, out_in_region
         ufunc = ops.UFUNCS[op] if reduce else None
         signature = [kind + 256 * itemsize, buf.nbytes, sum((i + 1) * c for i, c in enumerate(counts)) % (1 << 62)]
-        # Private data passes the region in cache-sized chunks, packed at its start; a buffer that lies in the
-        # region is used where it lies, in one chunk -- unless a peer's data is private: then it runs the same
-        # chunks (learnt at the first barrier, from the peer's published offset _PRIVATE; the private ranks'
+        # Private data passes the region in cache-sized chunks, packed at its start; a result that lies in the
+        # region (direct) takes the same chunks, each copied in from buf to the result's own place, reduced and
+        # pushed there, with no copy-out. A buffer reduced in place in the region is used where it lies, in one
+        # chunk -- unless a peer runs chunks: then it runs the same chunks (learnt at the first barrier, from the
+        # peer's published offset, negative for chunked ranks: _PRIVATE, or _direct(offset); a chunked rank's
         # copy-in of chunk 0 needs no more than that chunk's bounds, which every rank computes alike).
         chunks = self._chunks(counts, itemsize) if in_region is None else [list(zip(offsets(counts), counts))]
         # An allreduce of private float data into a private result (out of place) of STREAM_BYTES or more writes
@@ -328,8 +341,11 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
         # which in place (its lines just read as the input) costs nothing and here a third more memory traffic
         streamed = (self._stream and reduce and gather and out is not buf and in_region is None
                     and ufunc is np.add and stream_copy.reduces(out.dtype) and out.nbytes >= stream_copy.STREAM_BYTES
-                    and isinstance(out, np.ndarray) and isinstance(own_input, np.ndarray)
+                    and isinstance(out, np.ndarray) and isinstance(buf, np.ndarray)
                     and out.__array_interface__["data"][0] % out.itemsize == 0)
+        # A result in the region gets its copy-in streamed too: its lines were not read, and the peer reading
+        # them from memory costs less than this rank reading them in before it overwrites them
+        stream_in = streamed and direct is not None
         number = 0
         while number < len(chunks):
             chunk = chunks[number]
@@ -345,14 +361,20 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
                 return self._data[q][lo: lo + chunk[p][1] * itemsize].view(buf.dtype)
 
             if in_region is None:           # copy-in of what peers will read from us
+                at = _PRIVATE if direct is None else direct
                 for p in range(n):
                     if (p != r and reduce) or (p == r and not reduce):
-                        fill(region(r, p, _PRIVATE), mine(p))
-            self._barrier("ready", offset=_PRIVATE if in_region is None else in_region, signature=signature)
-            bases = [self._words[p * LINE_INT64 + _OFFSET] for p in range(n)]
+                        if stream_in:
+                            stream_copy.copy(region(r, p, at), mine(p))
+                        else:
+                            fill(region(r, p, at), mine(p))
+            self._barrier("ready", signature=signature, offset=in_region if in_region is not None else
+                          _PRIVATE if direct is None else _direct(direct))
+            words = [self._words[p * LINE_INT64 + _OFFSET] for p in range(n)]
+            bases = [w if w >= _PRIVATE else _direct(w) for w in words]
             if number == 0:
                 self._check_signatures(signature)
-                if in_region is not None and _PRIVATE in bases:
+                if in_region is not None and min(words) < 0:
                     chunks = self._chunks(counts, itemsize)
                     chunk = chunks[0]
                     packed = offsets([c for _, c in chunk])
@@ -362,7 +384,7 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
                 # Block r: in every region these positions are read and written by this rank only, so it can
                 # reduce them and push the result straight into every peer's region, piece by piece while the
                 # piece is still in cache -- no barrier between reducing and gathering.
-                own, result = mine(r, own_input), mine(r, out)
+                own, result = mine(r), mine(r, out)
                 sources = [region(q, r, bases[q]) for q in peers]
                 for lo, hi in runs(own, self.cache_piece_bytes // itemsize):   # Segments: never across arrays
                     if streamed:    # the same adds and scale in one native pass; the result's lines streamed
@@ -381,7 +403,7 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
                     self._barrier("reduce-scatter done")     # peers have stopped reading our region
                     continue
                 self._barrier("allreduce done")              # every owner has pushed its block to us
-                if in_region is None:
+                if in_region is None and direct is None:
                     for p in peers:
                         if streamed:
                             stream_copy.copy(mine(p, out), region(r, p, _PRIVATE))
@@ -420,7 +442,7 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
             return
         self._closed = True
         self._data = self._flags = self._small_slots = self._words = None
-        self._last_in_region = (None, None)
+        self._last_in_region = (_NOTHING, None)
         # an array from shared_array() may still be in use: freeing would turn it into a dangling pointer, so
         # then every rank keeps the window (the decision is collective: Win.Free is)
         keep = self._node.allreduce(self._pool_next > self._pool_start, op=MPI.LOR)
