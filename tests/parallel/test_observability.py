@@ -48,10 +48,14 @@ def test_a_late_rank_is_named_and_a_balanced_job_names_nobody(monkeypatch):
     logging.getLogger("ringtrain").addHandler(lines)
     try:
         rt.barrier()
-        # balanced: every rank does the same work; at least two windows pass
+        # balanced: every rank does the same work; at least two windows pass on every rank. Whether to go on is
+        # agreed (a rank's own clock alone would let the ranks run different numbers of steps and stall)
         start = time.monotonic()
-        while time.monotonic() - start < 2.5 * WINDOW_S:
+        more = True
+        while more:
             _steps(10, late_rank=None, extra_s=0.0)
+            mine = time.monotonic() - start < 2.5 * WINDOW_S
+            more = bool(rt.allreduce(np.array([mine], np.int32), op=rt.Max, name="observe.more")[0])
         rt.barrier()
         report = rt.straggler_report()
         assert report["window_s"] is not None, "no straggler window was judged"
