@@ -11,6 +11,8 @@ class Config:
     fusion_threshold: int = 32 * _MB   # bytes per fusion bucket
     shared_pool_bytes: int = 256 * _MB  # shm: room per rank in the shared window for empty_shared() arrays
                                         # (address space only: a page costs memory once an array touches it)
+    result_window_bytes: int = 128 * _MB  # shm: room per rank in the shared window for out-of-place allreduce
+                                          # results of 4-64 MB (two slots of half of it; 0 = none)
     cycle_time_ms: float = 1.0         # longest the engine sleeps before looking at the queue again
     segment_bytes: int = 1 * _MB       # ring pipeline segment
     max_message_elements: int = 2**31 - 1  # MPI counts are int: larger transfers are split

@@ -9,11 +9,12 @@
 
 Results of WINDOW_MIN_BYTES to WINDOW_MAX_BYTES may come from blocks of the host transport's shared window
 (`empty(..., window=transport)`, Transport.shared_array): the shm transport then copies each chunk's input straight
-into the result's own place and reduces it there, with no copy-out (transports/shm.py). The blocks lie in an arena of
-WINDOW_SLOTS slots of WINDOW_MAX_BYTES that the pool takes from the transport's shared_array() memory at the
-first such result, one block per slot: a result takes a slot whose block nothing refers to any more (so a caller
-that keeps the previous result while the next call runs still gets one); when every slot is in use it is ordinary
-memory. Measured at 2 ranks (same job, per-pair ratio to the in-place call, load ~2): 16 MB 0.83-0.88x with window
+into the result's own place and reduces it there, with no copy-out (transports/shm.py). The blocks lie in the
+transport's result_window() (RINGTRAIN_RESULT_WINDOW_BYTES, its own part of the window: empty_shared() arrays get
+the same room whether or not results came first), cut into WINDOW_SLOTS slots, one block per slot; every pool shares
+one arena per transport. A result takes a slot whose block nothing refers to any more (so a caller that keeps the
+previous result while the next call runs still gets one); when every slot is in use, or the result is larger than a
+slot, it is ordinary memory. Measured at 2 ranks (same job, per-pair ratio to the in-place call, load ~2): 16 MB 0.83-0.88x with window
 results, 1.15-1.31x with ordinary ones; 4 MB 0.83-1.24x against 1.11-1.24x; 48 MB 0.83-0.88x against 1.19-1.28x.
 
 A block is handed out again only when nothing but the pool refers to it. Its reference count says so: a user
@@ -48,7 +49,6 @@ class ResultPool:
         self._aligned_bytes = aligned_bytes
         self.plain_below = min(min_bytes, aligned_bytes)    # smaller results are plain np.empty arrays (empty())
         self._blocks = []              # uint8 arrays owning their memory
-        self._arenas = weakref.WeakKeyDictionary()      # transport -> its _Arena (None: it has no window)
         self._lock = threading.Lock()
 
     def empty(self, shape, dtype, window=None):
@@ -57,8 +57,8 @@ class ResultPool:
         # math.prod, not np.prod: this runs on every allocating collective, and np.prod costs ~3.5 us
         nbytes = (math.prod(shape) if hasattr(shape, "__len__") else operator.index(shape)) * dtype.itemsize
         if window is not None and WINDOW_MIN_BYTES <= nbytes <= WINDOW_MAX_BYTES:
-            with self._lock:
-                block = self._take_window(window, nbytes)
+            with _WINDOW_LOCK:
+                block = _take_window(window, nbytes)
                 if block is not None:
                     return block[:nbytes].view(dtype).reshape(shape)
         if nbytes >= self._min_bytes:
@@ -85,35 +85,43 @@ class ResultPool:
         return aligned_view(block, nbytes, ALIGNMENT)
 
 
-    def _take_window(self, transport, nbytes):
-        """A block of >= nbytes in a slot of transport's arena (WINDOW_SLOTS x WINDOW_MAX_BYTES of its window,
-        taken at the first call) whose block nothing uses: that block when it is large enough (the smallest
-        such), else a new one of nbytes at the start of a free slot; None when every slot is in use. A block is an
-        array over a memoryview of the arena, so views of it point their base at it (not at the window's own
-        array) and its reference count tells whether anything still uses it."""
-        arena = self._arenas.get(transport, False)
-        if arena is False:
-            raw = transport.shared_array(WINDOW_SLOTS * WINDOW_MAX_BYTES)
-            arena = self._arenas[transport] = None if raw is None else _Arena(raw, WINDOW_SLOTS, WINDOW_MAX_BYTES)
-        if arena is None or nbytes > arena.slot:
-            return None
-        blocks = arena.blocks
-        free = [i for i, b in enumerate(_unreferenced(blocks)) if b is not None]
-        if not free:
-            return None
-        fits = [i for i in free if blocks[i].nbytes >= nbytes]
-        if fits:
-            return blocks[min(fits, key=lambda i: blocks[i].nbytes)]
-        i = free[0]
-        blocks[i] = arena.block(i, nbytes)
-        return blocks[i]
+
+# transport -> its _Arena (None: it has no result window). One per transport, shared by every pool, so no two pools
+# ever hand out the same memory; guarded by _WINDOW_LOCK
+_ARENAS = weakref.WeakKeyDictionary()
+_WINDOW_LOCK = threading.Lock()
+
+
+def _take_window(transport, nbytes):
+    """A block of >= nbytes in a slot of transport's arena (its result_window() in WINDOW_SLOTS slots, taken at
+    the first call) whose block nothing uses: that block when it is large enough (the smallest such), else a new
+    one of nbytes at the start of a free slot; None when every slot is in use or nbytes exceeds a slot. A block is
+    an array over a memoryview of the arena, so views of it point their base at it (not at the window's own array)
+    and its reference count tells whether anything still uses it."""
+    arena = _ARENAS.get(transport, False)
+    if arena is False:
+        raw = transport.result_window()
+        arena = _ARENAS[transport] = None if raw is None else _Arena(raw, WINDOW_SLOTS)
+    if arena is None or nbytes > arena.slot:
+        return None
+    blocks = arena.blocks
+    free = [i for i, b in enumerate(_unreferenced(blocks)) if b is not None]
+    if not free:
+        return None
+    fits = [i for i in free if blocks[i].nbytes >= nbytes]
+    if fits:
+        return blocks[min(fits, key=lambda i: blocks[i].nbytes)]
+    i = free[0]
+    blocks[i] = arena.block(i, nbytes)
+    return blocks[i]
 
 
 class _Arena:
-    """A transport's window memory for results: `slots` slots of `slot` bytes, a block at the start of each."""
+    """A transport's window memory for results: `slots` equal slots (ALIGNMENT multiples), a block at the start of
+    each."""
 
-    def __init__(self, raw, slots, slot):
-        self.raw, self.slot = raw, slot
+    def __init__(self, raw, slots):
+        self.raw, self.slot = raw, raw.nbytes // slots // ALIGNMENT * ALIGNMENT
         self.blocks = [self.block(i, ALIGNMENT) for i in range(slots)]
 
     def block(self, i, nbytes):

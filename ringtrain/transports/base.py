@@ -58,6 +58,11 @@ class Transport(abc.ABC):
         peers can read it), or None when the transport has no such memory (or none left). Valid until close()."""
         return None
 
+    def result_window(self):
+        """A 1-D uint8 array, the same at every call, that results of allocating collectives may be carved from
+        (result_pool) so the transport reduces into them where they lie, or None when it has no such memory."""
+        return None
+
     def holds(self, buf):
         """True when buf lies in memory this transport shares with its peers (shared_array(), staging_buffer()),
         so an allreduce of it needs no copy in or out."""

@@ -6,7 +6,8 @@
     t.allreduce(bucket, ReduceOp.SUM)                     # no copy in, no copy out
 
 Layout: an `MPI.Win.Allocate_shared` window on the node communicator; every rank owns a page-aligned header plus
-a data region of `fusion_threshold` bytes. Rank 0's header holds one cache line of flags per rank:
+a region: `fusion_threshold` bytes of staging area, then shared_array()'s pool (`shared_pool_bytes`), then the room
+for out-of-place results (`result_window_bytes`, result_window()), each page-aligned. Rank 0's header holds one cache line of flags per rank:
 [sequence number, byte offset of this collective's data in the owner's region, two signatures of the collective
 (one per parity of the sync it is published with)].
 A sequence number only grows; every synchronisation point is "bump mine, wait until every rank's is >= mine"
@@ -37,7 +38,8 @@ switch to the chunks at the first barrier when any rank publishes a negative wor
 the result's positions of this chunk are written before "ready" by this rank only (the copy-in, non-temporal
 stores fenced before the flag), between "ready" and "done" block p by rank p only, and no rank touches them again
 after "done" unless it is handed this offset anew -- which a later collective publishes only for a buffer that
-result_pool handed out again, i.e. once nothing refers to the old result. broadcast and alltoall go through nonblocking MPI on the same communicator.
+result_pool handed out again, i.e. once nothing refers to the old result.
+broadcast and alltoall go through nonblocking MPI on the same communicator.
 """
 import logging
 import threading
@@ -58,15 +60,6 @@ log = logging.getLogger("ringtrain")
 _PAGE = 4096
 _SEQ, _OFFSET = 0, 1           # int64 slots in a flag line
 _PRIVATE = -1                  # the offset a rank publishes when its data is private: packed at its region's start
-
-
-def _NOTHING():
-    return None
-
-
-def _direct(offset):
-    """The word a rank publishes when its result lies at `offset` of its region and it runs chunks (and back)."""
-    return -2 - offset
 # What this rank is running -- kind + 256 * itemsize, bytes, checksum of the block counts -- at words 2-4 of its line
 # for a collective whose first sync has an even number, 5-7 for an odd one. Two places, because a rank that saw a
 # mismatch raises at once and may publish its next collective's signature while a slower peer has not read this one;
@@ -76,6 +69,17 @@ _SIGNATURE_WORDS = 3
 
 def _signature_word(sync):
     return 2 + _SIGNATURE_WORDS * (sync % 2)
+
+
+def _direct(offset):
+    """The word a rank publishes when its result lies at `offset` of its region and it runs chunks (and back)."""
+    return -2 - offset
+
+
+def _NOTHING():
+    return None
+
+
 _KINDS = {1: "allreduce", 2: "reducescatter", 3: "allgather", 4: "allreduce"}   # 4: the one-barrier path
 SMALL_BYTES = 64 << 10         # allreduces up to this size use the one-barrier path
 _SMALL_SLOT = LINE + SMALL_BYTES   # a line for the call's signature, then the data
@@ -106,10 +110,14 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
         # whole cache lines; at least two int64 per rank so a chunk always has room for a piece of every block
         self.capacity = -(-max(int(config.fusion_threshold), 16 * self.size, LINE) // LINE) * LINE
         header = -(-(self.size * LINE) // _PAGE) * _PAGE
-        # after the staging area: a pool for shared_array() (whole pages; address space until an array touches it)
+        # after the staging area: a pool for shared_array(), then the room for results (result_window()); whole
+        # pages, address space until an array touches them
         pool = -(-max(int(config.shared_pool_bytes), 0) // _PAGE) * _PAGE
-        self._region_bytes = -(-self.capacity // _PAGE) * _PAGE + pool
-        self._pool_start = self._pool_next = self._region_bytes - pool
+        results = -(-max(int(config.result_window_bytes), 0) // _PAGE) * _PAGE
+        self._pool_start = self._pool_next = -(-self.capacity // _PAGE) * _PAGE
+        self._pool_end = self._pool_start + pool
+        self._region_bytes = self._pool_end + results
+        self._results_taken = False
         self._pool_lock = threading.Lock()
         self._win = MPI.Win.Allocate_shared(header + self._region_bytes + 2 * _SMALL_SLOT, 1, comm=node)
         # a passive-target epoch for the whole lifetime, so Win.Sync() (a local memory barrier) is legal
@@ -153,10 +161,21 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
         size = -(-max(int(nbytes), 1) // LINE) * LINE
         with self._pool_lock:
             start = self._pool_next
-            if self._closed or start + size > self._region_bytes:
+            if self._closed or start + size > self._pool_end:
                 return None
             self._pool_next = start + size
         return self._data[self.rank][start: start + int(nbytes)]
+
+    def result_window(self):
+        """This rank's room for out-of-place results (config.result_window_bytes, past the shared_array() pool; its
+        own part of the region, so what empty_shared() gets never depends on whether results were handed out):
+        a uint8 array the caller (result_pool) carves results from, or None when it is empty. The same memory at
+        every call. Once handed out, close() keeps the window mapped until exit (as for shared arrays)."""
+        with self._pool_lock:
+            if self._closed or self._region_bytes == self._pool_end:
+                return None
+            self._results_taken = True
+        return self._data[self.rank][self._pool_end: self._region_bytes]
 
     def holds(self, buf):
         return self._in_region(self._start(buf), buf.nbytes)
@@ -443,9 +462,9 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
         self._closed = True
         self._data = self._flags = self._small_slots = self._words = None
         self._last_in_region = (_NOTHING, None)
-        # an array from shared_array() may still be in use: freeing would turn it into a dangling pointer, so
+        # an array from shared_array() or result_window() may still be in use: freeing would turn it into a dangling pointer, so
         # then every rank keeps the window (the decision is collective: Win.Free is)
-        keep = self._node.allreduce(self._pool_next > self._pool_start, op=MPI.LOR)
+        keep = self._node.allreduce(self._pool_next > self._pool_start or self._results_taken, op=MPI.LOR)
         if keep:
             log.info("rank %d: shared arrays were handed out; the shm window stays mapped until exit", self.rank)
         else:

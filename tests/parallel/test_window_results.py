@@ -122,3 +122,40 @@ def test_a_result_bigger_than_a_slot_is_ordinary_memory(window):
         if window is not None:
             assert not window.holds(y)
         np.testing.assert_allclose(y, total(BIG, step), rtol=1e-6)
+
+
+
+def test_results_and_shared_arrays_have_rooms_of_their_own(monkeypatch):
+    """empty_shared() gets its whole pool whether or not window results came first (and nothing past it), the
+    results' room (RINGTRAIN_RESULT_WINDOW_BYTES; 0: no window results) never overlaps the pool's arrays, and
+    results held past shutdown() stay readable (the window stays mapped)."""
+    monkeypatch.setattr(result_pool, "WINDOW_MIN_BYTES", 128 << 10)
+    monkeypatch.setattr(result_pool, "WINDOW_MAX_BYTES", 2 << 20)
+    monkeypatch.setattr(HOST_OPS, "results", result_pool.ResultPool())
+    want, held = [total(N), total(N, 1)], []         # (read between shutdown() and init() too)
+    try:
+        for room, shared in ((4 << 20, True), (0, True), (4 << 20, False)):
+            rt.shutdown()
+            for step, y in held:        # results of a closed world's window
+                np.testing.assert_allclose(y, want[step], rtol=1e-6, err_msg=f"a held result of step {step}")
+            rt.init(shared_pool_bytes=1 << 20, result_window_bytes=room)
+            transport = state.engine().transports["cpu"]
+            first = rt.allreduce(rank_input(N, rt.rank()), op=rt.Sum, name="window.rooms")   # a result first
+            second = rt.allreduce(rank_input(N, rt.rank(), 1), op=rt.Sum, name="window.rooms")
+            if transport.name == "shm":
+                assert [transport.holds(y) for y in (first, second)] == [room > 0] * 2
+            if shared:
+                pool, past = rt.empty_shared(1 << 18, np.float32), rt.empty_shared(16, np.float32)  # 1 MB, more
+                if transport.name == "shm":
+                    assert [transport.holds(a) for a in (pool, past)] == [True, False]
+                pool[:] = rank_input(pool.size, rt.rank(), 5)      # other values than the results'
+                rt.allreduce(pool, op=rt.Sum, name="window.rooms.pool", out=pool)
+                np.testing.assert_allclose(pool, total(pool.size, 5), rtol=1e-6)
+            held = [(0, first), (1, second)]
+            for step, y in held:
+                np.testing.assert_allclose(y, want[step], rtol=1e-6)
+    finally:
+        rt.shutdown()
+        for step, y in held:
+            np.testing.assert_allclose(y, want[step], rtol=1e-6, err_msg=f"a held result of step {step}")
+        rt.init()
