@@ -14,8 +14,9 @@ transport's result_window() (RINGTRAIN_RESULT_WINDOW_BYTES, its own part of the 
 the same room whether or not results came first), cut into WINDOW_SLOTS slots, one block per slot; every pool shares
 one arena per transport. A result takes a slot whose block nothing refers to any more (so a caller that keeps the
 previous result while the next call runs still gets one); when every slot is in use, or the result is larger than a
-slot, it is ordinary memory. Measured at 2 ranks (same job, per-pair ratio to the in-place call, load ~2): 16 MB 0.83-0.88x with window
-results, 1.15-1.31x with ordinary ones; 4 MB 0.83-1.24x against 1.11-1.24x; 48 MB 0.83-0.88x against 1.19-1.28x.
+slot, it is ordinary memory. Measured at 2 ranks (same job, per-pair ratio to the in-place call, load ~2): 16 MB
+0.83-0.88x with window results, 1.15-1.31x with ordinary ones; 4 MB 0.83-1.24x against 1.11-1.24x; 48 MB
+0.83-0.88x against 1.19-1.28x.
 
 A block is handed out again only when nothing but the pool refers to it. Its reference count says so: a user
 variable, a view or slice of the result (numpy points a view's base at the block), a torch tensor made by

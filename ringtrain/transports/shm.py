@@ -7,9 +7,9 @@
 
 Layout: an `MPI.Win.Allocate_shared` window on the node communicator; every rank owns a page-aligned header plus
 a region: `fusion_threshold` bytes of staging area, then shared_array()'s pool (`shared_pool_bytes`), then the room
-for out-of-place results (`result_window_bytes`, result_window()), each page-aligned. Rank 0's header holds one cache line of flags per rank:
-[sequence number, byte offset of this collective's data in the owner's region, two signatures of the collective
-(one per parity of the sync it is published with)].
+for out-of-place results (`result_window_bytes`, result_window()), each page-aligned. Rank 0's header holds one
+cache line of flags per rank: [sequence number, byte offset of this collective's data in the owner's region, two
+signatures of the collective (one per parity of the sync it is published with)].
 A sequence number only grows; every synchronisation point is "bump mine, wait until every rank's is >= mine"
 (flag_barrier.FlagBarrier), polled through the Watchdog with its backoff -- no MPI call, no busy spin.
 
@@ -462,8 +462,8 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
         self._closed = True
         self._data = self._flags = self._small_slots = self._words = None
         self._last_in_region = (_NOTHING, None)
-        # an array from shared_array() or result_window() may still be in use: freeing would turn it into a dangling pointer, so
-        # then every rank keeps the window (the decision is collective: Win.Free is)
+        # an array from shared_array() or result_window() may still be in use: freeing would turn it into a dangling
+        # pointer, so then every rank keeps the window (the decision is collective: Win.Free is)
         keep = self._node.allreduce(self._pool_next > self._pool_start or self._results_taken, op=MPI.LOR)
         if keep:
             log.info("rank %d: shared arrays were handed out; the shm window stays mapped until exit", self.rank)
