@@ -2,7 +2,8 @@
  * express_cycle.c (one agreement cycle on the shared-memory window: rt_express, and the module) and express_fast.c
  * (a planned allreduce's whole express call, with the state Python keeps for it -- cycle number, stats, flight-
  * recorder entries, rank 0's LRU uses -- held here while the ctx is armed). ringtrain/engine/native_cycle.py builds
- * them together and ringtrain/engine/fast_state.py owns the armed state's Python side. */
+ * them together and ringtrain/engine/fast_state.py owns the armed state's Python side. express_group.c, in the
+ * same module, describes a binding's group in one call. */
 #ifndef RT_EXPRESS_CTX_H
 #define RT_EXPRESS_CTX_H
 #define PY_SSIZE_T_CLEAN
@@ -50,4 +51,5 @@ RT_HIDDEN PyObject *py_fast_arm(PyObject *self, PyObject *const *args, Py_ssize_
 RT_HIDDEN PyObject *py_fast_disarm(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 RT_HIDDEN PyObject *py_fast_resolved(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 RT_HIDDEN PyObject *py_clock_ns(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+RT_HIDDEN PyObject *py_read_group(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 #endif

@@ -291,6 +291,8 @@ static PyMethodDef methods[] = {
     {"fast_resolved", (PyCFunction)(void (*)(void))py_fast_resolved, METH_FASTCALL, "an unresolved cycle is done"},
     {"clock_ns", (PyCFunction)(void (*)(void))py_clock_ns, METH_FASTCALL, "the ctx's clock (CLOCK_MONOTONIC), ns"},
     {"nothing", (PyCFunction)(void (*)(void))py_nothing, METH_FASTCALL, "no work: what a call alone costs"},
+    {"read_group", (PyCFunction)(void (*)(void))py_read_group, METH_FASTCALL,
+     "a group's signature and addresses (express_group.c)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_express_cycle", NULL, -1, methods};

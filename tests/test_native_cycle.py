@@ -256,3 +256,41 @@ def test_a_held_async_call_keeps_the_armed_ctx_for_its_own_wait():
         assert module.fast_disarm(ctx)[4] == 2
     finally:
         world.close()
+
+
+def test_read_group_is_the_bindings_python_read():
+    """The compiled read_group (express_group.c) returns what the torch binding's Python read returns: one (dtype,
+    shape, is_cpu) per tensor and their addresses, or None for the addresses when one tensor is not contiguous; the
+    same exception type for what is not a tensor."""
+    torch = pytest.importorskip("torch")
+    from ringtrain.torch import group_reads
+    compiled = native_cycle.library().read_group
+    base = torch.arange(60, dtype=torch.float32)
+    groups = {
+        "slices": [base[:10], base[10:40]],
+        "2-D and empty": [base[:6].view(2, 3), base[6:6], base[6:60]],
+        "dtypes": [torch.zeros(3, dtype=torch.float64), torch.zeros(2, dtype=torch.int32), base[:1]],
+        "bfloat16": [torch.zeros(4, dtype=torch.bfloat16), torch.zeros((), dtype=torch.bfloat16)],
+        "strided first": [base[::2], base[:5]],
+        "strided last": [base[:5], base[10:40].view(6, 5).t()],
+        "one": [base],
+        "none": [],
+    }
+    for what, tensors in groups.items():
+        for given in (tensors, tuple(tensors)):
+            got = compiled(given)
+            assert got == group_reads.read_python(given), what
+            signature, members = got
+            assert signature == tuple((t.dtype, t.shape, t.is_cpu) for t in tensors), what
+            contiguous = all(t.is_contiguous() for t in tensors)
+            assert members == (tuple(t.data_ptr() for t in tensors) if contiguous else None), what
+    assert compiled([base[3:5]])[1] == (base.data_ptr() + 12,)
+    for bad in ([base, "x"], [1, base], [None]):
+        with pytest.raises(AttributeError):
+            group_reads.read_python(bad)
+        with pytest.raises(AttributeError):
+            compiled(bad)
+    with pytest.raises(TypeError):
+        compiled(iter([base]))        # the binding hands over a list: anything else is a TypeError
+    group_reads.read([base])                  # (its first call picks the reader)
+    assert group_reads.read is compiled, "the torch binding reads its groups in Python although the module is built"

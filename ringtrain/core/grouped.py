@@ -69,6 +69,13 @@ def planned_call(members, signature, op, name, prescale_factor, postscale_factor
     return None, name, key
 
 
+def compiled_reader():
+    """The compiled module's read_group(tensors) -> (signature, members) (csrc/express_group.c: a torch group's
+    planned_call arguments in one call), or None when the module is not built."""
+    module = native_cycle.library()
+    return None if isinstance(module, str) else module.read_group
+
+
 class GroupPlan(ExpressPlan):
     """A recurring small group's express facts (ExpressPlan's) and its layout: the members' byte sizes and where
     each result lies in the packed result (slice, and shape or None for 1-D: the slice is the result as it is);

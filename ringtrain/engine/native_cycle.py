@@ -46,7 +46,7 @@ from .. import csrc
 log = logging.getLogger("ringtrain")
 
 SOURCE = "express_cycle.c"
-ALSO = ("express_fast.c", "express_ctx.h")      # compiled into the same module / included by both
+ALSO = ("express_fast.c", "express_group.c", "express_ctx.h")   # compiled into the same module / included
 NOT_YET, DONE, ARRIVED = 0, 1, 2
 SPIN_S = 50e-6           # the native spin's bound; then the Watchdog waits (shorter than cycle_exchange.WAIT_FLOOR_S)
 

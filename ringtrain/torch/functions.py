@@ -11,7 +11,6 @@ Every *_async call returns a TensorHandle; `synchronize(handle)` (or `handle.wai
     hvd.init()
     total = hvd.allreduce(torch.tensor([float(hvd.rank())]), op=hvd.Sum)   # tensor([0+1+...+size-1])
 """
-import operator
 
 import ml_dtypes
 import numpy as np
@@ -25,13 +24,10 @@ from ringtrain.ops import resolve_op
 from ringtrain.core.process_sets import (ProcessSet, add_process_set, global_process_set,  # noqa: F401
                                     remove_process_set)
 
-from . import host_views
+from . import group_reads, host_views
 from .compression import Compression
 
 _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
-_data_ptr = torch.Tensor.data_ptr
-_is_contiguous = torch.Tensor.is_contiguous
-_plain_signature = operator.attrgetter("dtype", "shape", "is_cpu")     # a recurring group's key, per tensor
 
 
 # ---------------------------------------------------------------- lifecycle and topology (thin pass-through)
@@ -235,8 +231,7 @@ def grouped_allreduce_sync(tensors: list, average=None, name: "str | None" = Non
         # a recurring group of plain CPU tensors: keyed by torch's own attributes (dtype, shape, is_cpu; contiguous
         # groups only) and read where it lies (the core's plan; made on the first call, from the numpy views)
         try:
-            signature = tuple(map(_plain_signature, tensors))
-            members = tuple(map(_data_ptr, tensors)) if all(map(_is_contiguous, tensors)) else None
+            signature, members = group_reads.read(tensors)
         except (AttributeError, RuntimeError, TypeError):    # not tensors, or sparse: the general path says why
             members = None
         if members is not None:
