@@ -22,7 +22,7 @@ import torch
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH_DIR)
 
-import train_scaling  # noqa: E402
+import train_models  # noqa: E402
 from common import format_table, machine_info, print_and_save, source_commit  # noqa: E402
 
 import ringtrain.torch as hvd  # noqa: E402
@@ -44,10 +44,10 @@ def main():
     load_before = os.getloadavg()[0]
     width = 54 if args.model == "mlp" else 64
     torch.manual_seed(0)
-    model = train_scaling.build_model(torch, args.model, width)
+    model = train_models.build_model(torch, args.model, width)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
                                    named_parameters=model.named_parameters(), overlap=False)
-    inputs, labels = train_scaling.synthetic_batch(torch, args.model, width, hvd.rank(), args.batch)
+    inputs, labels = train_models.synthetic_batch(torch, args.model, width, hvd.rank(), args.batch)
     loss_fn = torch.nn.CrossEntropyLoss()
 
     engine, hooks = state.engine(), opt._ringtrain

@@ -23,14 +23,14 @@ from torch._utils import _unflatten_dense_tensors
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
-import train_scaling  # noqa: E402
+import train_models  # noqa: E402
 
 PHASES = ("zero", "fwd+bwd", "step", "total")
 
 
 def build(args):
     torch.manual_seed(0)
-    model = train_scaling.build_model(torch, args.model, args.width)
+    model = train_models.build_model(torch, args.model, args.width)
     return model, torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9)
 
 
@@ -48,7 +48,7 @@ def timed_step(model, optimizer, zero, inputs, labels):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="mlp", choices=train_scaling.MODELS)
+    parser.add_argument("--model", default="mlp", choices=train_models.MODELS)
     parser.add_argument("--width", type=int, default=None, help="default: the scaling benchmark's (64, mlp 54)")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=400)
@@ -57,7 +57,7 @@ def main():
     if args.width is None:
         args.width = 54 if args.model == "mlp" else 64
     torch.set_num_threads(1)
-    inputs, labels = train_scaling.synthetic_batch(torch, args.model, args.width, 0, args.batch)
+    inputs, labels = train_models.synthetic_batch(torch, args.model, args.width, 0, args.batch)
     steal_model, steal_opt = build(args)
     views_model, views_opt = build(args)
     params = list(views_model.parameters())

@@ -26,10 +26,12 @@ median over rounds is reported:
   <mode>+metric         (--metric) beside each ringtrain mode, the same mode also averaging the step's loss over
                         the ranks as a metric, the way training scripts log one: hvd.allreduce(loss.detach()),
                         unnamed and out of place, once per step. Interleaved in the same rounds as the mode without
-                        it, so the two are a same-run A/B; metric_ms is the call's own time inside the step
-  <mode>+mpimetric      (--metric) the same, the scalar averaged with MPI_Allreduce (mpi4py) at the same point:
-                        what any allreduce after step() pays there (the wait for the slowest rank), so ringtrain's
-                        own cost is metric_ms minus this twin's
+                        it, so the two are a same-run A/B (paired_step_change); metric_ms is the call's own time
+  <mode>+paired         (--metric) the same mode making two calls at that point every step: the user's ringtrain
+                        call and MPI_Allreduce (mpi4py) of the same scalar, in ABBA order over the steps. Whichever
+                        goes first waits there for the slowest rank to finish its step; the second finds the ranks
+                        together and costs only itself (train_report.metric_table says why that is the metric's
+                        cost to the step)
   horovod               horovod.torch.DistributedOptimizer, only where Horovod is installed (a benchmark peer, never
                         a dependency: benchmarks/build_horovod_peer.sh builds it into a venv of its own; run this
                         script with that venv's python). It is initialised for its own rounds only, so its
@@ -57,6 +59,8 @@ import tempfile
 import time
 
 import common
+from train_models import MODELS, build_model, synthetic_batch
+from train_report import METRIC, PAIR_SAMPLES, PAIRED, median_round, plot, print_report, summarise
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(BENCH_DIR)
@@ -65,91 +69,14 @@ sys.path.append(REPO_ROOT)   # run from a source checkout without pip install
 MODES = ("no-comm", "lockstep", "ringtrain-after-backward", "ringtrain-overlap", "torch-ddp", "horovod")
 LOCAL_MODES = ("no-comm", "lockstep")   # no gradient traffic: each rank trains its own copy of the model
 RINGTRAIN_OVERLAP = {"ringtrain-after-backward": False, "ringtrain-overlap": True}
-METRIC = "+metric"           # a mode's twin that also averages a scalar metric every step (--metric)
-MPI_METRIC = "+mpimetric"    # its twin that averages the same scalar through MPI_Allreduce instead (--metric)
-MODELS = ("convnet", "mlp", "resnet18")
 DEFAULT_MODELS = ("convnet", "mlp")
-MLP_BLOCKS = 100             # 4 tensors per block + the head's 2: 402 gradient tensors at any width
 PARAM_TOLERANCE = 1e-4       # ringtrain vs DDP final parameters: same math, different summation order
 
 
 # ---------------------------------------------------------------- model and data
 
-def build_model(torch, model, width):
-    builders = {"convnet": build_convnet, "mlp": build_mlp, "resnet18": build_resnet18}
-    return builders[model](torch, width)
-
-
 def model_width(args, model):
     return args.mlp_width if model == "mlp" else args.width
-
-
-def build_convnet(torch, width):
-    """A small VGG-like convnet on 32x32 RGB: ~6.7 M parameters at width 64, most of them in the first linear
-    layer, so the gradient (25 MB) is large enough for communication to matter against compute."""
-    nn = torch.nn
-    return nn.Sequential(
-        nn.Conv2d(3, width, 3, padding=1), nn.ReLU(),
-        nn.Conv2d(width, 2 * width, 3, stride=2, padding=1), nn.ReLU(),
-        nn.Conv2d(2 * width, 4 * width, 3, stride=2, padding=1), nn.ReLU(),
-        nn.Flatten(),
-        nn.Linear(4 * width * 8 * 8, 6 * width), nn.ReLU(),
-        nn.Linear(6 * width, 10),
-    )
-
-
-def build_mlp(torch, width):
-    """MLP_BLOCKS blocks of Linear(width, width) + LayerNorm + ReLU and a 10-way head: ~0.31 M parameters in 402
-    tensors at width 54. Little compute per tensor, so what a framework pays per tensor decides the step time;
-    the LayerNorms keep 100 layers trainable."""
-    nn = torch.nn
-    layers = []
-    for _ in range(MLP_BLOCKS):
-        layers += [nn.Linear(width, width), nn.LayerNorm(width), nn.ReLU()]
-    return nn.Sequential(*layers, nn.Linear(width, 10))
-
-
-def build_resnet18(torch, width):
-    """ResNet-18 as torchvision lays it out (7x7 stem, max pool, four stages of two basic blocks, batch norm), on
-    32x32 inputs with 10 classes: 11.2 M parameters in 62 tensors at width 64, 45 MB of gradients. The stem shrinks
-    the image 4x, so a step computes about as long as the convnet's while its gradients are 1.7x larger."""
-    nn = torch.nn
-
-    class BasicBlock(nn.Module):
-        def __init__(self, inputs, outputs, stride):
-            super().__init__()
-            self.conv1 = nn.Conv2d(inputs, outputs, 3, stride=stride, padding=1, bias=False)
-            self.bn1 = nn.BatchNorm2d(outputs)
-            self.conv2 = nn.Conv2d(outputs, outputs, 3, padding=1, bias=False)
-            self.bn2 = nn.BatchNorm2d(outputs)
-            self.downsample = None
-            if stride != 1 or inputs != outputs:
-                self.downsample = nn.Sequential(nn.Conv2d(inputs, outputs, 1, stride=stride, bias=False),
-                                                nn.BatchNorm2d(outputs))
-
-        def forward(self, x):
-            out = torch.relu(self.bn1(self.conv1(x)))
-            out = self.bn2(self.conv2(out))
-            return torch.relu(out + (x if self.downsample is None else self.downsample(x)))
-
-    layers = [nn.Conv2d(3, width, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
-              nn.MaxPool2d(3, stride=2, padding=1)]
-    channels = width
-    for stage in range(4):
-        outputs = width << stage
-        for block in range(2):
-            layers.append(BasicBlock(channels, outputs, 2 if stage and not block else 1))
-            channels = outputs
-    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, 10)]
-    return nn.Sequential(*layers)
-
-
-def synthetic_batch(torch, model, width, rank, batch):
-    generator = torch.Generator().manual_seed(1234 + rank)
-    shape = (batch, width) if model == "mlp" else (batch, 3, 32, 32)
-    inputs = torch.randn(*shape, generator=generator)
-    labels = torch.randint(0, 10, (batch,), generator=generator)
-    return inputs, labels
 
 
 # ---------------------------------------------------------------- engine timestamps
@@ -284,16 +211,10 @@ def load_horovod():
     return hvd
 
 
-def median_round(rounds):
-    """A mode's rounds as one record: the median of each timing; parameters in sync only if they were every round."""
-    record = dict(rounds[0])
-    for key, value in rounds[0].items():
-        if isinstance(value, float):
-            values = [r[key] for r in rounds if r.get(key) is not None]
-            record[key] = common.median(values) if values else None
-    record["params_in_sync"] = all(r["params_in_sync"] for r in rounds)
-    record["rounds"] = [r["samples_per_s_per_rank"] for r in rounds]
-    return record
+def pair_order(step):
+    """Which call goes first at the metric point of this step: ringtrain, MPI, MPI, ringtrain, ... (ABBA), so a
+    drift over the steps (caches, clocks, a neighbour's load) weighs on both calls' positions alike."""
+    return ("ringtrain", "mpi") if step % 4 in (0, 3) else ("mpi", "ringtrain")
 
 
 def init_ddp(comm, torch):
@@ -318,8 +239,8 @@ def train_mode(mode, model_name, width, args, torch, comm, inputs, labels, bindi
 
     from ringtrain.torch.gradient_hooks import default_overlap
 
-    metric = "mpi" if mode.endswith(MPI_METRIC) else mode.endswith(METRIC)
-    mode = mode.removesuffix(MPI_METRIC).removesuffix(METRIC)
+    metric = "paired" if mode.endswith(PAIRED) else mode.endswith(METRIC)
+    mode = mode.removesuffix(PAIRED).removesuffix(METRIC)
     if mode == "horovod":
         hvd.init()   # its background thread runs for Horovod's own rounds only
     torch.manual_seed(0)
@@ -340,6 +261,17 @@ def train_mode(mode, model_name, width, args, torch, comm, inputs, labels, bindi
     loss_fn = torch.nn.CrossEntropyLoss()
     metric_s = [0.0]
     mpi_sum = np.zeros(1, np.float32)
+    pair = {key: [] for key in PAIR_SAMPLES}
+    steps_taken = [0]
+
+    def ringtrain_metric(value):
+        return binding.allreduce(value)
+
+    def mpi_metric(value):
+        comm.Allreduce(value.numpy().reshape(1), mpi_sum, op=MPI.SUM)
+        return mpi_sum[0] / comm.Get_size()
+
+    calls = {"ringtrain": ringtrain_metric, "mpi": mpi_metric}
 
     def step():
         optimizer.zero_grad()
@@ -349,20 +281,25 @@ def train_mode(mode, model_name, width, args, torch, comm, inputs, labels, bindi
         if mode == "lockstep":
             comm.Barrier()   # where a synchronous method reduces the gradients: wait for the slowest rank
         optimizer.step()
-        if metric:           # the mean loss over the ranks, as a training script logs it
+        if metric == "paired":   # both calls, the order by the step's index: the same on every rank
+            value = loss.detach()
+            for position, call in zip(("first", "second"), pair_order(steps_taken[0])):
+                call_start = time.perf_counter()
+                calls[call](value)
+                pair[f"{call}_{position}"].append(time.perf_counter() - call_start)
+        elif metric:             # the mean loss over the ranks, as a training script logs it
             metric_start = time.perf_counter()
-            if metric == "mpi":      # the same scalar at the same point through MPI: what any allreduce costs here
-                comm.Allreduce(loss.detach().numpy().reshape(1), mpi_sum, op=MPI.SUM)
-                mpi_sum[0] /= comm.Get_size()
-            else:
-                binding.allreduce(loss.detach())
+            binding.allreduce(loss.detach())
             metric_s[0] += time.perf_counter() - metric_start
+        steps_taken[0] += 1
         return backward_end
 
     for _ in range(args.warmup):
         step()
     recorder.take()
     metric_s[0] = 0.0
+    for samples in pair.values():
+        samples.clear()
     hidden = total_comm = 0.0
     after_backward = compute = 0.0
     comm.Barrier()
@@ -390,7 +327,8 @@ def train_mode(mode, model_name, width, args, torch, comm, inputs, labels, bindi
     if mode == "horovod":
         hvd.shutdown()
     ranks = comm.Get_size()
-    result = {"mode": mode + {False: "", True: METRIC, "mpi": MPI_METRIC}[metric], "ranks": ranks, "step_ms": 1e3 * elapsed / args.steps,
+    result = {"mode": mode + {False: "", True: METRIC, "paired": PAIRED}[metric], "ranks": ranks,
+              "step_ms": 1e3 * elapsed / args.steps,
               "samples_per_s_per_rank": args.batch * args.steps / elapsed,
               "samples_per_s_total": ranks * args.batch * args.steps / elapsed,
               "after_backward_ms": 1e3 * after_backward / args.steps,
@@ -403,7 +341,11 @@ def train_mode(mode, model_name, width, args, torch, comm, inputs, labels, bindi
               "page_faults_per_step": comm.allreduce(faults, op=MPI.SUM) / ranks / args.steps,
               # every distributed mode must leave the same weights on every rank
               "params_in_sync": mode in LOCAL_MODES or ranks == 1 or len(set(checksums)) == 1}
-    if metric:
+    if metric == "paired":
+        # per step, the mean over ranks of each call's time (every rank ran the same positions in the same steps)
+        result["pair"] = {key: (comm.allreduce(np.array(samples), op=MPI.SUM) / ranks).tolist()
+                          for key, samples in pair.items()}
+    elif metric:
         result["metric_ms"] = 1e3 * comm.allreduce(metric_s[0], op=MPI.SUM) / ranks / args.steps
     if mode.startswith("ringtrain"):
         # only asynchronous allreduces have handles with times: after backward, none (and nothing is hidden)
@@ -444,165 +386,6 @@ def launch(ranks, args, folder):
     return payload
 
 
-def summarise(jobs):
-    """Flat records, one per (model, ranks, mode), with efficiency against that model's single-process
-    plain-torch throughput."""
-    single = next((j for j in jobs if j["ranks"] == 1), None)
-    records = []
-    for job in jobs:
-        for model, measured in job["models"].items():
-            own_base = {m: r.get("samples_per_s_total") for m, r in single["models"][model]["modes"].items()} \
-                if single else {}
-            base = own_base.get("no-comm")
-            for mode, r in measured["modes"].items():
-                if "skipped" in r:
-                    records.append({"model": model, "mode": mode, "ranks": job["ranks"], "skipped": r["skipped"]})
-                    continue
-                n = job["ranks"]
-                record = dict(r, model=model, threads_per_rank=job["threads_per_rank"],
-                              load_average=job.get("load_average"),
-                              batch_per_rank=job["batch_per_rank"], parameters=measured["parameters"],
-                              tensors=measured["tensors"], width=measured["width"], ddp_backend=job["ddp_backend"])
-                record["efficiency"] = r["samples_per_s_total"] / (n * base) if base else None
-                record["efficiency_vs_own_1rank"] = (r["samples_per_s_total"] / (n * own_base[mode])
-                                                     if own_base.get(mode) else None)
-                records.append(record)
-    return records
-
-
-def print_report(records, jobs, rounds):
-    job = jobs[0]
-    for model in dict.fromkeys(r["model"] for r in records):
-        rows = []
-        measured = [r for r in records if r["model"] == model and "skipped" not in r]
-        for r in (r for r in records if r["model"] == model):
-            if "skipped" in r:
-                rows.append([r["ranks"], r["mode"]] + ["-"] * 9 + [f"skipped: {r['skipped']}"])
-                continue
-            hidden = r.get("hidden_share")
-            rows.append([r["ranks"], r["mode"] + ("*" if r.get("default") else ""), f"{r['step_ms']:.1f}",
-                         _ms(r.get("forward_backward_ms")), _ms(r.get("after_backward_ms")),
-                         f"{r['samples_per_s_per_rank']:.1f}",
-                         f"{r['samples_per_s_total']:.1f}", _pct(r["efficiency"]),
-                         _pct(r["efficiency_vs_own_1rank"]), "-" if hidden is None else _pct(hidden),
-                         "-" if r.get("page_faults_per_step") is None else f"{r['page_faults_per_step']:.0f}",
-                         ("in sync" if r["params_in_sync"] else "RANKS DIFFER") +
-                         (f", |dw vs ddp| {r['max_param_diff_vs_ddp']:.1e}" if "max_param_diff_vs_ddp" in r else "")])
-        shape = measured[0] if measured else {"parameters": 0, "tensors": 0}
-        print(common.format_table(
-            ["ranks", "mode", "step_ms", "fwd_bwd_ms", "after_bwd_ms", "samples/s/rank", "samples/s", "efficiency",
-             "eff_own_T1", "hidden", "faults/step", "check"], rows,
-            title=f"training scaling, {model}: {shape['parameters'] / 1e6:.2f} M parameters in {shape['tensors']} "
-                  f"tensors, batch {job['batch_per_rank']} per rank, {job['threads_per_rank']} thread(s) per rank, "
-                  f"{os.cpu_count()} cores, median of {rounds} interleaved round(s); efficiency = T(N)/(N*T(1)), "
-                  f"T(1) = plain torch on 1 rank; * = the DistributedOptimizer's default schedule here; fwd_bwd_ms = "
-                  f"zero_grad+forward+backward, after_bwd_ms = the rest of the step (means over ranks)"))
-        print()
-    print(target_table(records))
-    if any(r["mode"].endswith((METRIC, MPI_METRIC)) for r in records):
-        print()
-        print(metric_table(records))
-
-
-def metric_table(records):
-    """What averaging one scalar metric per step costs each mode that ran with and without it: the call's own time
-    inside the step as a share of the step without it, and the step times of the twins (same rounds). Beside it the
-    same scalar averaged through MPI_Allreduce at the same point of the step (the +mpimetric twin): any allreduce
-    there waits for the slowest rank to finish its step, so MPI's time is mostly that wait (at one rank: a cold
-    call after the step's computation evicted the caches), and metric_us minus it is what ringtrain's call adds."""
-    rows = []
-    for r in records:
-        if not r["mode"].endswith(METRIC) or "skipped" in r:
-            continue
-        key = (r["model"], r["ranks"])
-        twins = {b["mode"]: b for b in records if (b["model"], b["ranks"]) == key and "skipped" not in b}
-        plain = r["mode"].removesuffix(METRIC)
-        base, mpi = twins.get(plain), twins.get(plain + MPI_METRIC)
-        if base is None:
-            continue
-        # per round: samples/s without over with (the twins ran back to back), median over rounds
-        paired = sorted(b / m for b, m in zip(base["rounds"], r["rounds"]))
-        excess = None if mpi is None else r["metric_ms"] - mpi["metric_ms"]
-        rows.append([r["model"], r["ranks"], base["mode"], f"{base['step_ms']:.2f}", f"{r['step_ms']:.2f}",
-                     f"{1e3 * r['metric_ms']:.1f}", f"{100 * r['metric_ms'] / base['step_ms']:.2f}%",
-                     "-" if mpi is None else f"{1e3 * mpi['metric_ms']:.1f}",
-                     "-" if excess is None else f"{1e3 * excess:.1f}",
-                     "-" if excess is None else f"{100 * excess / base['step_ms']:.2f}%",
-                     f"{100 * (common.median(paired) - 1):+.1f}%"])
-    return common.format_table(
-        ["model", "ranks", "mode", "step_ms", "step_ms+metric", "metric_us", "metric_share", "mpi_metric_us",
-         "excess_us", "excess_share", "paired_step_change"],
-        rows, title="a scalar metric averaged every step (hvd.allreduce(loss.detach()), unnamed, out of place): "
-                    "metric_us = the call's own time per step (mean over ranks), metric_share = that over the step "
-                    "without it; mpi_metric_us = MPI_Allreduce of the same scalar at the same point (the wait for "
-                    "the slowest rank that any allreduce there pays), excess = metric_us minus it; "
-                    "paired_step_change = median over rounds of the step time with it over without it")
-
-
-def target_table(records):
-    """Issue 10's training targets at the largest rank count: efficiency within 5 points of the no-comm ceiling,
-    and at least 1.3x DDP's throughput, for every model, with every figure from this same run. Beside them, the
-    points below the lockstep mode (the synchronous ceiling): the part of the gap the method itself costs."""
-    top = max(r["ranks"] for r in records)
-    rows = []
-    for model in dict.fromkeys(r["model"] for r in records):
-        by_mode = {r["mode"]: r for r in records if r["model"] == model and r["ranks"] == top and "skipped" not in r}
-        ceiling = by_mode.get("no-comm", {}).get("efficiency")
-        lockstep = by_mode.get("lockstep", {}).get("efficiency")
-        ddp = by_mode.get("torch-ddp", {}).get("samples_per_s_total")
-        for mode, r in by_mode.items():
-            if mode == "no-comm":
-                continue
-            rows.append([model, mode + ("*" if r.get("default") else ""), _pct(r["efficiency"]), _pct(ceiling),
-                         _points_below(ceiling, r["efficiency"]), _pct(lockstep),
-                         "-" if mode == "lockstep" else _points_below(lockstep, r["efficiency"]),
-                         f"{r['samples_per_s_total'] / ddp:.2f}" if ddp else "-"])
-    return common.format_table(
-        ["model", "mode", "efficiency", "ceiling", "points_below_ceiling", "lockstep", "points_below_lockstep",
-         "x_ddp_throughput"], rows,
-        title=f"{top} ranks against the targets (<= 5 points below the ceiling, >= 1.3x DDP); lockstep = "
-              f"the synchronous ceiling (a barrier per step, no gradients), for the part of the gap that is the "
-              f"method's own")
-
-
-def _points_below(ceiling, efficiency):
-    return "-" if ceiling is None or efficiency is None else f"{100 * (ceiling - efficiency):.1f}"
-
-
-def _ms(value):
-    return "-" if value is None else f"{value:.1f}"
-
-
-def _pct(value):
-    return "-" if value is None else f"{100 * value:.0f}%"
-
-
-def plot(records, path):
-    plt = common.pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    series = list(dict.fromkeys((r["model"], r["mode"]) for r in records if "skipped" not in r))
-    for model, mode in series:
-        points = sorted((r["ranks"], r["samples_per_s_total"], r["efficiency"]) for r in records
-                        if (r["model"], r["mode"]) == (model, mode) and "skipped" not in r)
-        style = "-" if model == "convnet" else "--"
-        left.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", label=f"{model} {mode}")
-        right.plot([p[0] for p in points], [100 * (p[2] or 0) for p in points], style, marker="o",
-                   label=f"{model} {mode}")
-    left.set_xlabel("ranks")
-    left.set_ylabel("samples/s (total)")
-    left.set_yscale("log")
-    right.set_xlabel("ranks")
-    right.set_ylabel("scaling efficiency (%)")
-    right.set_ylim(0, 110)
-    for ax in (left, right):
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(f"training scaling on {os.cpu_count()} cores")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--max-ranks", type=int, default=2)
@@ -638,8 +421,8 @@ def parse_args(argv=None):
     args.job_timeout = args.job_timeout or (100 if quick else 900)
     if args.metric:
         args.modes = ",".join(m + twin for m in args.modes.split(",")
-                              for twin in (("", METRIC, MPI_METRIC) if m in RINGTRAIN_OVERLAP else ("",)))
-    metric_modes = tuple(m + twin for m in RINGTRAIN_OVERLAP for twin in (METRIC, MPI_METRIC))
+                              for twin in (("", METRIC, PAIRED) if m in RINGTRAIN_OVERLAP else ("",)))
+    metric_modes = tuple(m + twin for m in RINGTRAIN_OVERLAP for twin in (METRIC, PAIRED))
     for option, chosen, known in (("modes", args.modes, MODES + metric_modes), ("models", args.models, MODELS)):
         unknown = set(chosen.split(",")) - set(known)
         if unknown:

@@ -19,6 +19,7 @@ sys.path.insert(0, BENCH_DIR)
 import common          # noqa: E402  (benchmarks/ is a folder of scripts, not a package)
 import jax_scaling     # noqa: E402
 import scaling_model   # noqa: E402
+import train_report    # noqa: E402
 import train_scaling   # noqa: E402
 
 pytestmark = pytest.mark.bench
@@ -109,13 +110,14 @@ def test_train_scaling_quick(tmp_path):
     need("matplotlib", "bench")      # the --png plot
     out_json, out_png = str(tmp_path / "train.json"), str(tmp_path / "train.png")
     stdout = run_script([sys.executable, os.path.join(BENCH_DIR, "train_scaling.py"), "--quick", "--max-ranks", "2",
-                         "--json", out_json, "--png", out_png], timeout=300)
+                         "--metric", "--json", out_json, "--png", out_png], timeout=300)
     with open(out_json) as f:
         result = json.load(f)
     records = result["records"]
     assert len(result["machine"]["commit"]) >= 40 or result["machine"]["commit"] == "unknown"
     ran = {(r["model"], r["ranks"], r["mode"]): r for r in records if "skipped" not in r}
-    modes = ["no-comm", "lockstep", "ringtrain-after-backward", "ringtrain-overlap", "torch-ddp"]
+    modes = ["no-comm", "lockstep", "torch-ddp"] + [m + twin for m in ("ringtrain-after-backward", "ringtrain-overlap")
+                                                     for twin in ("", "+metric", "+paired")]
     if importlib.util.find_spec("horovod") is not None:   # the optional peer, where someone built it
         modes.append("horovod")
     else:
@@ -135,6 +137,14 @@ def test_train_scaling_quick(tmp_path):
             assert r["hidden_share"] is not None and 0 <= r["hidden_share"] <= 1
         if mode == "ringtrain-after-backward":
             assert r["hidden_share"] is None       # no allreduce runs before backward returns
+        if mode.endswith("+metric"):
+            assert r["metric_ms"] > 0
+        if mode.endswith("+paired"):
+            # 4 measured steps after 2 warm-up steps (indices 2-5, ABBA by index): each call first twice, second twice
+            assert {key: len(times) for key, times in r["pair"].items()} == \
+                dict.fromkeys(train_report.PAIR_SAMPLES, 2), r["pair"]
+            assert all(t > 0 for times in r["pair"].values() for t in times)
+            assert len(r["pair_round_excess_ms"]) == 1
     for model in ("convnet", "mlp"):   # the optimizer's default schedule is exactly one of the two
         defaults = [ran[(model, 2, m)]["default"] for m in ("ringtrain-after-backward", "ringtrain-overlap")]
         assert defaults.count(True) == 1, defaults
@@ -144,6 +154,7 @@ def test_train_scaling_quick(tmp_path):
     assert ran[("mlp", 1, "no-comm")]["tensors"] >= 400 and ran[("convnet", 1, "no-comm")]["tensors"] <= 10
     assert "training scaling, mlp" in stdout and "training scaling, convnet" in stdout
     assert "points_below_ceiling" in stdout and "x_ddp_throughput" in stdout
+    assert "ringtrain_2nd_us" in stdout and "paired_step_change" in stdout
     assert_png(out_png)
 
 
@@ -243,7 +254,7 @@ def test_gradient_views_floor_quick(tmp_path):
 def test_train_scaling_reports_the_median_round_and_the_targets():
     rounds = [{"mode": "ringtrain", "ranks": 2, "samples_per_s_per_rank": v, "hidden_share": h, "params_in_sync": ok}
               for v, h, ok in ((300.0, 0.5, True), (100.0, None, True), (200.0, 0.7, False))]
-    record = train_scaling.median_round(rounds)
+    record = train_report.median_round(rounds)
     assert record["samples_per_s_per_rank"] == 200.0          # the median, not the best (300) nor the first
     assert record["hidden_share"] == pytest.approx(0.6)       # rounds without a value do not count
     assert record["params_in_sync"] is False                  # one bad round makes the mode bad
@@ -252,7 +263,7 @@ def test_train_scaling_reports_the_median_round_and_the_targets():
                for m, e, t in (("no-comm", 0.95, 950.0), ("lockstep", 0.92, 920.0), ("torch-ddp", 0.5, 500.0),
                                ("ringtrain", 0.9, 900.0))]
     records.append({"model": "mlp", "ranks": 2, "mode": "horovod", "skipped": "not installed"})
-    table = train_scaling.target_table(records)
+    table = train_report.target_table(records)
     rows = {line.split()[1]: line.split() for line in table.splitlines() if line.split()[:1] == ["mlp"]}
     # the target column (points below no-comm) stays; lockstep only adds the method's own share of the gap
     assert rows["ringtrain"] == ["mlp", "ringtrain", "90%", "95%", "5.0", "92%", "2.0", "1.80"]
@@ -538,18 +549,43 @@ def test_api_latency_quick_measures_every_form_beside_mpi(tmp_path):
 
 def test_train_scaling_metric_twins_and_their_table():
     args = train_scaling.parse_args(["--metric", "--modes", "no-comm,ringtrain-overlap,torch-ddp"])
-    assert args.modes == "no-comm,ringtrain-overlap,ringtrain-overlap+metric,ringtrain-overlap+mpimetric,torch-ddp"
+    assert args.modes == "no-comm,ringtrain-overlap,ringtrain-overlap+metric,ringtrain-overlap+paired,torch-ddp"
+    # ABBA over the steps: each call goes second in half of every four steps
+    orders = [train_scaling.pair_order(step) for step in range(8)]
+    assert [first for first, _ in orders] == ["ringtrain", "mpi", "mpi", "ringtrain"] * 2
+    assert all(sorted(order) == ["mpi", "ringtrain"] for order in orders)
+
+    def paired_round(ringtrain_second_us, mpi_second_us, throughput):
+        us = 1e-6
+        return {"mode": "ringtrain-overlap+paired", "step_ms": 10.2, "samples_per_s_per_rank": throughput,
+                "params_in_sync": True,
+                "pair": {"ringtrain_second": [t * us for t in ringtrain_second_us],
+                         "mpi_second": [t * us for t in mpi_second_us],
+                         "ringtrain_first": [1000 * us, 1200 * us], "mpi_first": [900 * us, 1100 * us]}}
+
+    # two rounds: ringtrain 40/60 and 50/50 us in second position, MPI 20/20 and 30/30: per round 30 and 20 us
+    # beyond MPI; pooled medians 50 and 25 us, 25 us = 0.25% of the 10 ms step without a metric
+    paired = train_report.median_round([paired_round([40, 60], [20, 20], 98.0),
+                                         paired_round([50, 50], [30, 30], 97.0)])
+    assert paired["pair"]["ringtrain_second"] == pytest.approx([40e-6, 60e-6, 50e-6, 50e-6])
+    assert paired["pair_round_excess_ms"] == pytest.approx([0.030, 0.020])
+    assert paired["rounds"] == [98.0, 97.0]
     records = [{"model": "mlp", "ranks": 2, "mode": "ringtrain-overlap", "step_ms": 10.0, "rounds": [100.0, 90.0]},
-               {"model": "mlp", "ranks": 2, "mode": "ringtrain-overlap+metric", "step_ms": 10.1, "metric_ms": 0.05,
+               {"model": "mlp", "ranks": 2, "mode": "ringtrain-overlap+metric", "step_ms": 10.1, "metric_ms": 1.05,
                 "rounds": [99.0, 90.0]},
-               {"model": "mlp", "ranks": 2, "mode": "ringtrain-overlap+mpimetric", "step_ms": 10.1,
-                "metric_ms": 0.03, "rounds": [99.0, 90.0]},
+               dict(paired, model="mlp", ranks=2),
                {"model": "mlp", "ranks": 1, "mode": "ringtrain-overlap", "step_ms": 8.0, "rounds": [100.0]},
                {"model": "mlp", "ranks": 1, "mode": "ringtrain-overlap+metric", "step_ms": 8.0, "metric_ms": 0.02,
                 "rounds": [100.0]}]
-    rows = [line.split() for line in train_scaling.metric_table(records).splitlines() if line.startswith("  mlp")]
-    # the call's own 50 us is 0.50% of the 10 ms step; MPI's 30 us at the same point leave 20 us = 0.20% as the
-    # call's excess; per round 100/99 and 90/90: median +0.5%. Without an MPI twin the excess is not known.
-    assert rows == [["mlp", "2", "ringtrain-overlap", "10.00", "10.10", "50.0", "0.50%", "30.0", "20.0", "0.20%",
-                     "+0.5%"],
-                    ["mlp", "1", "ringtrain-overlap", "8.00", "8.00", "20.0", "0.25%", "-", "-", "-", "+0.0%"]], rows
+    rows = [line.split() for line in train_report.metric_table(records).splitlines() if line.startswith("  mlp")]
+    # the user's call, its wait included, is 1050 us = 10.50% of the 10 ms step; per round 100/99 and 90/90: median
+    # +0.5%. First position: ringtrain 1100 us (median of 1000, 1200, 1000, 1200), MPI 1000. Without a +paired twin
+    # the excess is not known.
+    assert rows == [["mlp", "2", "ringtrain-overlap", "10.00", "10.10", "1050.0", "10.50%", "50.0", "25.0", "25.0",
+                     "0.25%", "20.0..30.0", "0.50%", "1100.0", "1000.0", "+0.5%"],
+                    ["mlp", "1", "ringtrain-overlap", "8.00", "8.00", "20.0", "0.25%"] + ["-"] * 8 + ["+0.0%"]], rows
+    # a position without samples (a run of one step) has no median, and no excess
+    lone = train_report.paired_metric({"ringtrain_first": [1e-3], "mpi_first": [], "ringtrain_second": [],
+                                        "mpi_second": [2e-5]})
+    assert lone["ringtrain_first_ms"] == pytest.approx(1.0) and lone["mpi_second_ms"] == pytest.approx(0.02)
+    assert lone["mpi_first_ms"] is None and lone["excess_ms"] is None
