@@ -105,7 +105,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     """allreduce of each tensor, negotiated and fused as one group; differentiable. Returns a list."""
     tensors = list(tensors)
     # (_wants_grad inline: a grouped call's own cost is a few us)
-    if compression is Compression.none and not (torch.is_grad_enabled() and any(map(_requires_grad, tensors))):
+    if compression is Compression.none and not (any(map(_requires_grad, tensors)) and torch.is_grad_enabled()):
         if len(tensors) > 1:
             return functions.grouped_allreduce_sync(tensors, average, name, op, prescale_factor, postscale_factor,
                                                     process_set)
