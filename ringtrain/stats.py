@@ -64,10 +64,16 @@ class _OpStats:
                 self._skip()
         base = self.count
         top = base + n - i
-        while len(kept) >= RESERVOIR_SIZE and self._next <= top:
-            self.samples[int(self._rng.random() * RESERVOIR_SIZE)] = float(samples[i + self._next - base - 1])
-            self.count = self._next
-            self._skip()
+        if len(kept) >= RESERVOIR_SIZE and self._next <= top:
+            # the replacements, _skip inline (the same draws in the same order): while the count is a few times the
+            # reservoir's size a good share of the calls replace a sample, and a drain of thousands of calls spends
+            # most of its time here
+            draw, log, exp, w, chosen = self._rng.random, math.log, math.exp, self._w, self._next
+            while chosen <= top:
+                kept[int(draw() * RESERVOIR_SIZE)] = float(samples[i + chosen - base - 1])
+                w *= exp(log(max(draw(), 1e-300)) / RESERVOIR_SIZE)
+                chosen += int(log(max(draw(), 1e-300)) / log(1.0 - w)) + 1
+            self._w, self._next = w, chosen
         self.count = top
 
     def _skip(self):

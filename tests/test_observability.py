@@ -78,6 +78,28 @@ def test_a_dump_holds_the_last_collectives_in_order(tmp_path):
     assert recorder.seq == 7 and recorder.entries()[-1]["name"] == "t6"
 
 
+def test_drained_compiled_calls_keep_the_ring_in_call_order(tmp_path):
+    """add_finished (the compiled calls' drain): more calls than the ring holds keep their sequence numbers and only
+    the last `capacity` are in the ring, in call order, times in seconds; an entry recorded after the calls (by a
+    thread that disarmed the compiled call) moves behind them."""
+    recorder = FlightRecorder(4, rank=0, size=2, directory=str(tmp_path))
+    meta = Meta("allreduce", "float32", (4,), op=1)
+    recorder.begin("before", meta, 0.5)[FINISHED] = 0.75
+    since = recorder.seq
+    recorder.begin("after", meta, 20.0)                # recorded once the compiled call was disarmed
+    keys = {7: ("a", meta), 9: ("b", meta)}
+    cids = [7, 9, 7, 7, 9, 9]
+    recorder.add_finished(keys, cids, [int(i * 1e9) for i in range(6)], [int((i + 0.5) * 1e9) for i in range(6)],
+                          since)
+    assert recorder.seq == since + len(cids) + 1
+    got = [(e["seq"], e["name"], e["submitted"] - recorder.entries()[0]["submitted"] + 3.0) for e in
+           recorder.entries()]
+    assert [(seq, name) for seq, name, _ in got] == [(5, "a"), (6, "b"), (7, "b"), (8, "after")], got
+    assert [round(t, 3) for _, _, t in got[:3]] == [3.0, 4.0, 5.0], got
+    recorder.add_finished(keys, [], [], [], recorder.seq)
+    assert recorder.seq == 8
+
+
 def test_the_recorder_follows_a_handle_without_keeping_its_result(tmp_path):
     """A recorded request's entry learns how its handle ended, and holds neither the handle nor its result: a
     result the caller dropped is freed (the ring would otherwise keep `capacity` results alive)."""

@@ -159,9 +159,7 @@ class FastState:
                 touch(cid)
         engine = self._engine
         engine._express_stats.add_many(count, nbytes, ns * 1e-9, [(e - s) * 1e-9 for s, e in zip(starts, ends)])
-        keys = agreement.cache.keys
-        engine.recorder.add_finished([keys[cid] + (s * 1e-9, e * 1e-9) for cid, s, e in zip(cids, starts, ends)],
-                                     self._recorded)
+        engine.recorder.add_finished(agreement.cache.keys, cids, starts, ends, self._recorded)
         end = last_end * 1e-9
         if end > engine.express_end:
             engine.express_end = end
