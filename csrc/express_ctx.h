@@ -51,5 +51,7 @@ RT_HIDDEN PyObject *py_fast_arm(PyObject *self, PyObject *const *args, Py_ssize_
 RT_HIDDEN PyObject *py_fast_disarm(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 RT_HIDDEN PyObject *py_fast_resolved(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 RT_HIDDEN PyObject *py_clock_ns(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+RT_HIDDEN PyObject *py_fast_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+RT_HIDDEN PyObject *py_fast_durations(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 RT_HIDDEN PyObject *py_read_group(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 #endif

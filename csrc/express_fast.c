@@ -171,3 +171,85 @@ PyObject *py_fast_resolved(PyObject *self, PyObject *const *args, Py_ssize_t nar
 PyObject *py_clock_ns(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     return PyLong_FromLongLong(now_ns());
 }
+
+/* The drain's per-call bookkeeping (fast_state.py's _book), which in Python costs more than a small call itself:
+ * fast_record(ring, seq, keys, cids, starts_ns, ends_ns) -> the last seq written: call k becomes the flight
+ *   recorder's entry ring[s & (len(ring) - 1)] = [s, name, meta, start_ns * 1e-9, None, end_ns * 1e-9, None] with
+ *   s = seq + 1 + k and (name, meta) = keys[cids[k]] (flight_recorder.FlightRecorder.add_finished's loop);
+ * fast_durations(starts_ns, ends_ns) -> [(end - start) * 1e-9 for each call]: the stats' samples. */
+PyObject *py_fast_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 || !PyList_CheckExact(args[0]) || !PyDict_Check(args[2]) || !PyList_CheckExact(args[3]) ||
+        !PyList_CheckExact(args[4]) || !PyList_CheckExact(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "express_cycle.fast_record takes (ring, seq, keys, cids, starts, ends)");
+        return NULL;
+    }
+    PyObject *ring = args[0], *keys = args[2], *cids = args[3], *starts = args[4], *ends = args[5];
+    Py_ssize_t size = PyList_GET_SIZE(ring), n = PyList_GET_SIZE(cids);
+    if (size == 0 || (size & (size - 1)) || PyList_GET_SIZE(starts) != n || PyList_GET_SIZE(ends) != n) {
+        PyErr_SetString(PyExc_ValueError, "express_cycle.fast_record: the ring's length must be a power of two and "
+                        "cids, starts and ends of one length");
+        return NULL;
+    }
+    long long seq = PyLong_AsLongLong(args[1]);
+    if (seq == -1 && PyErr_Occurred()) return NULL;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (PyList_GET_SIZE(ring) != size || PyList_GET_SIZE(cids) != n || PyList_GET_SIZE(starts) != n ||
+            PyList_GET_SIZE(ends) != n) {
+            PyErr_SetString(PyExc_RuntimeError, "express_cycle.fast_record: a list changed while it was written");
+            return NULL;
+        }
+        PyObject *cid = PyList_GET_ITEM(cids, k);
+        PyObject *key = PyDict_GetItemWithError(keys, cid);        /* borrowed */
+        if (!key) {
+            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, cid);
+            return NULL;
+        }
+        if (!(PyTuple_Check(key) || PyList_Check(key)) || PySequence_Fast_GET_SIZE(key) != 2) {
+            PyErr_SetString(PyExc_TypeError, "express_cycle.fast_record: a key is not a (name, meta) pair");
+            return NULL;
+        }
+        PyObject **pair = PySequence_Fast_ITEMS(key);
+        long long start = PyLong_AsLongLong(PyList_GET_ITEM(starts, k)), end = PyLong_AsLongLong(PyList_GET_ITEM(ends, k));
+        if (PyErr_Occurred()) return NULL;
+        seq += 1;
+        PyObject *entry = PyList_New(7), *number = PyLong_FromLongLong(seq),
+                 *started = PyFloat_FromDouble((double)start * 1e-9), *finished = PyFloat_FromDouble((double)end * 1e-9);
+        if (!entry || !number || !started || !finished) {
+            Py_XDECREF(entry);
+            Py_XDECREF(number);
+            Py_XDECREF(started);
+            Py_XDECREF(finished);
+            return NULL;
+        }
+        PyList_SET_ITEM(entry, 0, number);
+        PyList_SET_ITEM(entry, 1, Py_NewRef(pair[0]));
+        PyList_SET_ITEM(entry, 2, Py_NewRef(pair[1]));
+        PyList_SET_ITEM(entry, 3, started);
+        PyList_SET_ITEM(entry, 4, Py_NewRef(Py_None));
+        PyList_SET_ITEM(entry, 5, finished);
+        PyList_SET_ITEM(entry, 6, Py_NewRef(Py_None));
+        if (PyList_SetItem(ring, (Py_ssize_t)(seq & (size - 1)), entry) < 0) return NULL;     /* (steals entry) */
+    }
+    return PyLong_FromLongLong(seq);
+}
+
+PyObject *py_fast_durations(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1]) ||
+        PyList_GET_SIZE(args[0]) != PyList_GET_SIZE(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "express_cycle.fast_durations takes two lists of one length");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(args[0]);
+    PyObject *out = PyList_New(n);
+    if (!out) return NULL;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        long long start = PyLong_AsLongLong(PyList_GET_ITEM(args[0], k)), end = PyLong_AsLongLong(PyList_GET_ITEM(args[1], k));
+        PyObject *v = PyErr_Occurred() ? NULL : PyFloat_FromDouble((double)(end - start) * 1e-9);
+        if (!v) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, k, v);
+    }
+    return out;
+}

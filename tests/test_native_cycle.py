@@ -294,3 +294,32 @@ def test_read_group_is_the_bindings_python_read():
         compiled(iter([base]))        # the binding hands over a list: anything else is a TypeError
     group_reads.read([base])                  # (its first call picks the reader)
     assert group_reads.read is compiled, "the torch binding reads its groups in Python although the module is built"
+
+
+def test_the_drains_bookkeeping_is_the_python_bookkeeping():
+    """fast_record and fast_durations (express_fast.c: a drain's per-call work) write the flight recorder's ring and
+    the stats' samples exactly as the Python loops do: the same entries, numbers and float bits, a drain larger than
+    the ring and an entry recorded after the calls included; a missing key is a KeyError."""
+    from ringtrain.engine.flight_recorder import FlightRecorder
+    from ringtrain.engine.model import Meta
+    module = native_cycle.library()
+    rng = np.random.default_rng(5)
+    metas = {cid: (f"t{cid}", Meta("allreduce", "float32", (cid + 1,), op=1)) for cid in range(5)}
+    for calls in (0, 1, 7, 40):
+        cids = rng.integers(0, 5, calls).tolist()
+        starts = (10 ** 15 + np.cumsum(rng.integers(1, 10 ** 6, calls))).tolist()
+        ends = [s + int(d) for s, d in zip(starts, rng.integers(0, 10 ** 5, calls))]
+        rings = []
+        for write in (None, module.fast_record):
+            recorder = FlightRecorder(16, rank=0, size=2, directory="")
+            recorder.begin("before", metas[0][1], 0.5)
+            since = recorder.seq
+            recorder.begin("after", metas[1][1], 20.0)
+            recorder.add_finished(metas, cids, starts, ends, since, write)
+            rings.append((recorder.seq, [None if e is None else list(e) for e in recorder._ring]))
+        assert rings[0] == rings[1], calls
+        assert module.fast_durations(starts, ends) == [(e - s) * 1e-9 for s, e in zip(starts, ends)]
+    with pytest.raises(KeyError):
+        module.fast_record([None] * 4, 0, metas, [9], [1], [2])
+    with pytest.raises(ValueError):
+        module.fast_record([None] * 3, 0, metas, [1], [1], [2])        # not a power of two

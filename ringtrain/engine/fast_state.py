@@ -158,8 +158,9 @@ class FastState:
             for cid in reversed(list(dict.fromkeys(reversed(cids)))):
                 touch(cid)
         engine = self._engine
-        engine._express_stats.add_many(count, nbytes, ns * 1e-9, [(e - s) * 1e-9 for s, e in zip(starts, ends)])
-        engine.recorder.add_finished(agreement.cache.keys, cids, starts, ends, self._recorded)
+        module = self._module
+        engine._express_stats.add_many(count, nbytes, ns * 1e-9, module.fast_durations(starts, ends))
+        engine.recorder.add_finished(agreement.cache.keys, cids, starts, ends, self._recorded, module.fast_record)
         end = last_end * 1e-9
         if end > engine.express_end:
             engine.express_end = end
