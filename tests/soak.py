@@ -49,6 +49,7 @@ FRAMEWORK_DTYPES = {"tf": ("float16", "float32", "float64", "int32", "int64"), "
 EXTRA_FORMS = ()            # main() sets it from --frameworks; empty, the draws are exactly as without it
 SOAK_CONFIG = {"fusion_threshold": 16 << 10, "segment_bytes": 4096, "cache_capacity": 32}
 SOAK_WINDOW_MIN_BYTES = 128 << 10  # out-of-place results in the window already at LARGE_SIZES (above the small path)
+SOAK_STREAM_BYTES = 128 << 10      # ... and non-temporal result writes and copy-outs (stream_copy.py) from there too
 SHARED_SCRATCH_BYTES = 4 << 20      # per rank: in-window arrays are carved from one empty_shared() block
 
 
@@ -396,13 +397,17 @@ class SharedScratch:
 def run_program(rt, program, log=None, process_set=None, scratch=None):
     """Execute on this rank; returns (ops run, ops wrong). Errors count as wrong results and are logged. Set ops
     run on `process_set` (the even ranks; register it with set_members() first), on its members only.
-    Out-of-place results come from the shm window's slots from SOAK_WINDOW_MIN_BYTES (not 4 MB) meanwhile."""
+    Out-of-place results come from the shm window's slots from SOAK_WINDOW_MIN_BYTES (not 4 MB), and results and
+    copy-outs are streamed from SOAK_STREAM_BYTES (not 4 MB), meanwhile."""
+    from ringtrain import stream_copy
     from ringtrain.engine import result_pool
     window_min, result_pool.WINDOW_MIN_BYTES = result_pool.WINDOW_MIN_BYTES, SOAK_WINDOW_MIN_BYTES
+    stream_min, stream_copy.STREAM_BYTES = stream_copy.STREAM_BYTES, SOAK_STREAM_BYTES
     try:
         return _run_program(rt, program, log, process_set, scratch)
     finally:
         result_pool.WINDOW_MIN_BYTES = window_min
+        stream_copy.STREAM_BYTES = stream_min
 
 
 def _run_program(rt, program, log, process_set, scratch):
