@@ -8,7 +8,7 @@
   results 16,384 fresh pages (+16-21 ms per call).
 
 Results of WINDOW_MIN_BYTES to WINDOW_MAX_BYTES may come from blocks of the host transport's shared window
-(`empty(..., window=transport)`, Transport.shared_array): the shm transport then copies each chunk's input straight
+(`empty(..., window=transport)`, Transport.result_window): the shm transport then copies each chunk's input straight
 into the result's own place and reduces it there, with no copy-out (transports/shm.py). The blocks lie in the
 transport's result_window() (RINGTRAIN_RESULT_WINDOW_BYTES, its own part of the window: empty_shared() arrays get
 the same room whether or not results came first), cut into WINDOW_SLOTS slots, one block per slot; every pool shares
