@@ -209,11 +209,13 @@ PyObject *py_fast_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             return NULL;
         }
         PyObject **pair = PySequence_Fast_ITEMS(key);
-        long long start = PyLong_AsLongLong(PyList_GET_ITEM(starts, k)), end = PyLong_AsLongLong(PyList_GET_ITEM(ends, k));
+        long long start = PyLong_AsLongLong(PyList_GET_ITEM(starts, k)),
+                  end = PyLong_AsLongLong(PyList_GET_ITEM(ends, k));
         if (PyErr_Occurred()) return NULL;
         seq += 1;
         PyObject *entry = PyList_New(7), *number = PyLong_FromLongLong(seq),
-                 *started = PyFloat_FromDouble((double)start * 1e-9), *finished = PyFloat_FromDouble((double)end * 1e-9);
+                 *started = PyFloat_FromDouble((double)start * 1e-9),
+                 *finished = PyFloat_FromDouble((double)end * 1e-9);
         if (!entry || !number || !started || !finished) {
             Py_XDECREF(entry);
             Py_XDECREF(number);
@@ -243,7 +245,8 @@ PyObject *py_fast_durations(PyObject *self, PyObject *const *args, Py_ssize_t na
     PyObject *out = PyList_New(n);
     if (!out) return NULL;
     for (Py_ssize_t k = 0; k < n; k++) {
-        long long start = PyLong_AsLongLong(PyList_GET_ITEM(args[0], k)), end = PyLong_AsLongLong(PyList_GET_ITEM(args[1], k));
+        long long start = PyLong_AsLongLong(PyList_GET_ITEM(args[0], k)),
+                  end = PyLong_AsLongLong(PyList_GET_ITEM(args[1], k));
         PyObject *v = PyErr_Occurred() ? NULL : PyFloat_FromDouble((double)(end - start) * 1e-9);
         if (!v) {
             Py_DECREF(out);

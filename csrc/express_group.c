@@ -55,6 +55,7 @@ PyObject *py_read_group(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
         PyObject **items = PySequence_Fast_ITEMS(seq);
         PyObject *t = Py_NewRef(items[i]);
+        PyObject *call[2] = {NULL, t};        /* (call[0]: the slot ARGUMENTS_OFFSET lets the callee use) */
         PyObject *entry = describe(t);
         if (!entry) {
             Py_DECREF(t);
@@ -62,7 +63,8 @@ PyObject *py_read_group(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
         PyTuple_SET_ITEM(signature, i, entry);
         if (contiguous) {
-            PyObject *answer = PyObject_VectorcallMethod(s_is_contiguous, &t, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+            PyObject *answer = PyObject_VectorcallMethod(s_is_contiguous, call + 1,
+                                                         1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
             if (!answer) {
                 Py_DECREF(t);
                 goto fail;
@@ -71,7 +73,8 @@ PyObject *py_read_group(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             Py_DECREF(answer);
         }
         if (contiguous) {
-            PyObject *address = PyObject_VectorcallMethod(s_data_ptr, &t, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+            PyObject *address = PyObject_VectorcallMethod(s_data_ptr, call + 1,
+                                                          1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
             if (!address) {
                 Py_DECREF(t);
                 goto fail;
