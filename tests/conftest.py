@@ -10,6 +10,17 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # tests/extras.py, tests/docs_checks.py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# TensorFlow's optional imports of scikit-learn, matplotlib, JAX and SciPy skipped (~3.5 s of CPU per TF process):
+# here, and in every process a test starts, through PYTHONPATH (tests/startup/skip_optional_imports.py says why)
+STARTUP = os.path.join(HERE, "startup")
+if STARTUP not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join([STARTUP] + ([os.environ["PYTHONPATH"]]
+                                                             if os.environ.get("PYTHONPATH") else []))
+sys.path.insert(0, STARTUP)
+import skip_optional_imports  # noqa: E402
+
+skip_optional_imports.install()
+
 PARALLEL_DIRS = [os.path.join(HERE, "parallel"), os.path.join(HERE, "parallel_tf"), os.path.join(HERE, "parallel_jax")]
 
 
