@@ -27,11 +27,13 @@ def median_round(rounds):
 
 
 def paired_metric(pair):
-    """A +paired twin's per-step times (s) as medians in ms per call and position, and the excess: ringtrain's
-    median in second position minus MPI's. None where a position has no sample (fewer than two steps)."""
+    """A +paired twin's per-step times (s) as medians in ms per call and position, and the excesses: ringtrain's
+    median minus MPI's in second position (excess_ms) and in first (excess_first_ms). None where a position has no
+    sample (fewer than two steps)."""
     medians = {f"{key}_ms": 1e3 * common.median(pair[key]) if pair[key] else None for key in PAIR_SAMPLES}
-    rt, mpi = medians["ringtrain_second_ms"], medians["mpi_second_ms"]
-    medians["excess_ms"] = None if rt is None or mpi is None else rt - mpi
+    for excess, position in (("excess_ms", "second"), ("excess_first_ms", "first")):
+        rt, mpi = medians[f"ringtrain_{position}_ms"], medians[f"mpi_{position}_ms"]
+        medians[excess] = None if rt is None or mpi is None else rt - mpi
     return medians
 
 
@@ -108,9 +110,13 @@ def metric_table(records):
     steps and rounds, mean over ranks per step) in second position, excess_us their difference: what ringtrain's
     call costs beyond the reference library's, with both measured in the same steps of the same job, so the wait's
     noise does not enter. excess_share and ringtrain_2nd_share are over the step without the metric; excess_rounds
-    the range of the per-round excess. The first-position medians (the wait plus the call) are shown for scale.
-    The user-visible A/B stays beside it: metric_us is the user's call's own time in the +metric twin (the wait
-    included), and paired_step_change the median over rounds of that twin's step time over the plain mode's."""
+    the range of the per-round excess. Two effects the second position leaves out, so the first position's medians
+    (half the wait, as a mean over ranks, plus the call) and their difference excess_1st_us stand beside it: how a
+    library takes a peer that arrives late (a rank that stopped spinning must be woken), and the first call's exit
+    skew, which the second call absorbs. The ABBA order gives both positions the same waits in expectation, so
+    excess_1st_us is paired too, but it carries the waits' variance. The user-visible A/B stays beside it:
+    metric_us is the user's call's own time in the +metric twin (the wait included), and paired_step_change the
+    median over rounds of that twin's step time over the plain mode's."""
     rows = []
     for r in records:
         if not r["mode"].endswith(METRIC) or "skipped" in r:
@@ -133,18 +139,20 @@ def metric_table(records):
                      _share(p.get("excess_ms"), step),
                      f"{1e3 * min(spread):.1f}..{1e3 * max(spread):.1f}" if spread else "-",
                      _share(p.get("ringtrain_second_ms"), step),
-                     _us(p.get("ringtrain_first_ms")), _us(p.get("mpi_first_ms")),
+                     _us(p.get("ringtrain_first_ms")), _us(p.get("mpi_first_ms")), _us(p.get("excess_first_ms")),
+                     _share(p.get("excess_first_ms"), step),
                      f"{100 * (common.median(change) - 1):+.1f}%"])
     return common.format_table(
         ["model", "ranks", "mode", "step_ms", "step_ms+metric", "metric_us", "metric_share", "ringtrain_2nd_us",
          "mpi_2nd_us", "excess_us", "excess_share", "excess_rounds_us", "ringtrain_2nd_share", "ringtrain_1st_us",
-         "mpi_1st_us", "paired_step_change"],
+         "mpi_1st_us", "excess_1st_us", "excess_1st_share", "paired_step_change"],
         rows, title="a scalar metric averaged every step (hvd.allreduce(loss.detach()), unnamed, out of place). "
                     "+paired twin, ringtrain and MPI_Allreduce of the scalar both at the metric point every step, "
                     "ABBA order: the first call absorbs the wait for the slowest rank (paid by the step with or "
                     "without a metric), the second is the call's own cost with the ranks together; *_2nd_us = "
                     "medians in second position, excess = ringtrain's minus MPI's (its share of the step without "
-                    "a metric; range over rounds), *_1st_us = first position (wait + call). +metric twin: "
+                    "a metric; range over rounds), *_1st_us = first position (half the wait + the call, with the "
+                    "late peer's wake-up), excess_1st = their difference. +metric twin: "
                     "metric_us = the user's call alone, wait included (mean over ranks), metric_share = that over "
                     "the step; paired_step_change = median over rounds of the step time with it over without it")
 

@@ -579,13 +579,14 @@ def test_train_scaling_metric_twins_and_their_table():
                 "rounds": [100.0]}]
     rows = [line.split() for line in train_report.metric_table(records).splitlines() if line.startswith("  mlp")]
     # the user's call, its wait included, is 1050 us = 10.50% of the 10 ms step; per round 100/99 and 90/90: median
-    # +0.5%. First position: ringtrain 1100 us (median of 1000, 1200, 1000, 1200), MPI 1000. Without a +paired twin
+    # +0.5%. First position: ringtrain 1100 us (median of 1000, 1200, 1000, 1200), MPI 1000: 100 us = 1.00%
+    # beyond MPI there. Without a +paired twin
     # the excess is not known.
     assert rows == [["mlp", "2", "ringtrain-overlap", "10.00", "10.10", "1050.0", "10.50%", "50.0", "25.0", "25.0",
-                     "0.25%", "20.0..30.0", "0.50%", "1100.0", "1000.0", "+0.5%"],
-                    ["mlp", "1", "ringtrain-overlap", "8.00", "8.00", "20.0", "0.25%"] + ["-"] * 8 + ["+0.0%"]], rows
+                     "0.25%", "20.0..30.0", "0.50%", "1100.0", "1000.0", "100.0", "1.00%", "+0.5%"],
+                    ["mlp", "1", "ringtrain-overlap", "8.00", "8.00", "20.0", "0.25%"] + ["-"] * 10 + ["+0.0%"]], rows
     # a position without samples (a run of one step) has no median, and no excess
     lone = train_report.paired_metric({"ringtrain_first": [1e-3], "mpi_first": [], "ringtrain_second": [],
                                         "mpi_second": [2e-5]})
     assert lone["ringtrain_first_ms"] == pytest.approx(1.0) and lone["mpi_second_ms"] == pytest.approx(0.02)
-    assert lone["mpi_first_ms"] is None and lone["excess_ms"] is None
+    assert lone["mpi_first_ms"] is None and lone["excess_ms"] is None and lone["excess_first_ms"] is None

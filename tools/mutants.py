@@ -1101,8 +1101,8 @@ MUTANTS = [
            "the +paired twin always calls ringtrain first: its call absorbs every wait for the slowest rank and MPI "
            "is only ever measured with the ranks together, so the excess is the wait, not the call"),
     Mutant("train_metric_excess_from_the_first_position", "benchmarks/train_report.py",
-           'rt, mpi = medians["ringtrain_second_ms"], medians["mpi_second_ms"]',
-           'rt, mpi = medians["ringtrain_first_ms"], medians["mpi_first_ms"]',
+           'for excess, position in (("excess_ms", "second"), ("excess_first_ms", "first")):',
+           'for excess, position in (("excess_ms", "first"), ("excess_first_ms", "second")):',
            (Tests((BENCHMARKS,), select="metric_twins"),),
            "the excess taken from the calls that waited for the slowest rank: the old noisy difference of two waits"),
     Mutant("train_metric_pair_keeps_the_warmup", "benchmarks/train_scaling.py",
