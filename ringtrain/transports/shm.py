@@ -364,6 +364,9 @@ class SharedMemoryTransport(mpi_util.NonblockingBroadcastAlltoall, Transport):
                     and out.__array_interface__["data"][0] % out.itemsize == 0)
         # A result in the region gets its copy-in streamed too: its lines were not read, and the peer reading
         # them from memory costs less than this rank reading them in before it overwrites them
+        # (An in-place call's copy-out is NOT streamed: its lines were read at this chunk's copy-in and are still
+        # cached, so streaming them only evicts them. Tried at 2 ranks, same job, quiet: 4 MB 1.32x, 16 MB 1.06x,
+        # 48 MB 1.07x the ordinary copy-out.)
         stream_in = streamed and direct is not None
         number = 0
         while number < len(chunks):
