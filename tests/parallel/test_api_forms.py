@@ -444,5 +444,7 @@ def test_recurring_groups_run_whole_in_the_compiled_call(monkeypatch):
         assert torch.equal(flat, want.reshape(-1)), f"rank {r}: a held result changed: {got}"
         assert np.array_equal(np.concatenate(got_np), want_np), f"rank {r}: a held numpy result changed: {got_np}"
     in_c = 2 * calls - len(python_calls)
-    assert rt.allreduce(np.array([in_c]), op=rt.Max, name="forms.fast_group.count")[0] >= calls // 2, (
+    # an eighth of the 2 * calls: with more ranks than cores a peer descheduled past the compiled call's spin sends
+    # the call to Python (97 of 400 at 4 ranks on 2 cores under load ~9); a path that never takes it reads 0
+    assert rt.allreduce(np.array([in_c]), op=rt.Max, name="forms.fast_group.count")[0] >= calls // 4, (
         f"rank {r}: only {in_c} of {2 * calls} group calls in the compiled call")
