@@ -13,6 +13,8 @@
  *     RT_ARRIVED  (2)  every rank published c, but the snapshot is not that one (or kind < 0: no native reduce):
  *                      the caller reads the slots and decides, exactly as after its own gather.
  *   The slot and published word are written in every outcome, so the caller never publishes again.
+ *   src None: cycle c was published by an earlier call that returned NOT_YET: only the bounded wait and the
+ *   outcome (out's length is the eager nbytes) -- the caller's wait in short native rounds (NativeCycle.resume).
  *
  * pack_group(members, sizes, out)
  *   a small group's members (each a C-contiguous buffer, or an int address of sizes[i] bytes) copied back to back
@@ -116,18 +118,20 @@ RT_HIDDEN int rt_express(void *handle, int64_t c, int64_t flags, int64_t cid, in
     const int64_t word = cid >> 6;
     const uint64_t bit = (uint64_t)1 << (cid & 63);
 
-    /* our slot: header, bitmap, eager data */
-    char *mine = ctx->slots[rank][parity];
-    int64_t *header = (int64_t *)mine;
-    header[0] = c;
-    header[1] = flags;
-    header[2] = cid;
-    header[3] = nbytes;
-    uint64_t *bitmap = (uint64_t *)(mine + ctx->bitmap_offset);
-    for (int64_t w = 0; w < words; w++) bitmap[w] = w == word ? bit : 0;
-    if (nbytes) memcpy(mine + ctx->header_bytes, src, (size_t)nbytes);
-    /* publish: every store above happens-before a peer's acquire load that reads c */
-    __atomic_store_n(ctx->published[rank], c, __ATOMIC_RELEASE);
+    if (src) {     /* NULL: cycle c is published already (an earlier call's NOT_YET): wait and reduce only */
+        /* our slot: header, bitmap, eager data */
+        char *mine = ctx->slots[rank][parity];
+        int64_t *header = (int64_t *)mine;
+        header[0] = c;
+        header[1] = flags;
+        header[2] = cid;
+        header[3] = nbytes;
+        uint64_t *bitmap = (uint64_t *)(mine + ctx->bitmap_offset);
+        for (int64_t w = 0; w < words; w++) bitmap[w] = w == word ? bit : 0;
+        if (nbytes) memcpy(mine + ctx->header_bytes, src, (size_t)nbytes);
+        /* publish: every store above happens-before a peer's acquire load that reads c */
+        __atomic_store_n(ctx->published[rank], c, __ATOMIC_RELEASE);
+    }
 
     /* wait, bounded, for every peer's cycle c */
     int64_t deadline = 0;
@@ -200,10 +204,15 @@ static PyObject *py_express(PyObject *self, PyObject *const *args, Py_ssize_t na
     double scale = PyFloat_AsDouble(args[8]);
     if (PyErr_Occurred()) return NULL;
     Py_buffer src, out;
-    if (PyObject_GetBuffer(args[5], &src, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    const int resume = args[5] == Py_None;     /* see rt_express: cycle c is ours already, `out` gives nbytes */
+    if (!resume && PyObject_GetBuffer(args[5], &src, PyBUF_C_CONTIGUOUS) < 0) return NULL;
     if (PyObject_GetBuffer(args[6], &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&src);
+        if (!resume) PyBuffer_Release(&src);
         return NULL;
+    }
+    if (resume) {
+        src.buf = NULL;
+        src.len = out.len;
     }
     int outcome;
     if (out.len != src.len) {
@@ -214,7 +223,7 @@ static PyObject *py_express(PyObject *self, PyObject *const *args, Py_ssize_t na
                              spin_ns);
     }
     PyBuffer_Release(&out);
-    PyBuffer_Release(&src);
+    if (!resume) PyBuffer_Release(&src);
     if (outcome < 0) return NULL;
     return PyLong_FromLong(outcome);
 }

@@ -30,6 +30,7 @@ from .control import TAG_FROM_COORDINATOR, TAG_TO_COORDINATOR
 from .coordinator_agreement import CoordinatorAgreement
 from .model import Collective, Source, express_eligible
 from ..errors import StallError
+from .watchdog import YIELD_S
 from .negotiation import SAME_EVERYWHERE, fuse_allreduces
 from ..ops import DTYPES, result_scale
 from .fast_state import FastState
@@ -41,6 +42,7 @@ _WANTS_COORDINATOR = 1      # this rank has first sightings, join/shutdown, or a
 _COORDINATOR_BUSY = 2       # rank 0: the Coordinator still holds undecided requests or joined ranks
 SHARED_EAGER_BYTES = 512 << 10  # an array in the transport's shared window is eager only up to this
 _SPIN_NS = int(native_cycle.SPIN_S * 1e9)    # the native call's bounded spin
+_YIELD_NS = int(YIELD_S * 1e9)               # a caller's further native rounds (_native_wait)
 HANDOVER_S = 0.5            # a cached request not ready everywhere for this long goes to the Coordinator, which
                             # names the missing ranks in its stall warnings and errors
 
@@ -281,11 +283,40 @@ class CycleAgreement(CoordinatorAgreement):
             outcome = resumed
         else:
             outcome = native._call(native._ctx, c, flags, cid, self._words, array, out, kind, scale, divisor, _SPIN_NS)
+        if outcome == native_cycle.NOT_YET:
+            outcome = self._native_wait(c, flags, cid, out, kind, scale, divisor, start)
         if outcome == native_cycle.DONE:
             return self._native_done(c, cid)
         if outcome == native_cycle.NOT_YET:
             self._exchange.gather(c, start)
         return self._read_snapshot(c, flags, bit)
+
+    def _native_wait(self, c, flags, cid, out, kind, scale, divisor, start):
+        """A late peer, met by a caller that polls rather than sleeps (a core per rank: Watchdog.yield_s): wait in
+        native rounds of YIELD_S on the cycle c already published, with the Watchdog's peer check and progress
+        between rounds, for up to that patience; so the late peer's arrival finishes the call in compiled code
+        (~10-30 us) rather than in the Python gather and reduce (~50-200 us, the code cold after the wait).
+        Returns the last outcome: NOT_YET once the patience is spent (the gather's wait, with its stall timeout,
+        goes on from there). A wait ending here counts for the stragglers as the gather's does."""
+        watchdog = self.watchdog
+        patience = watchdog.yield_s()
+        if patience <= YIELD_S:
+            return native_cycle.NOT_YET
+        native, exchange, published = self._native, self._exchange, self._exchange._published
+        what = f"agreement cycle {c}"
+        words = self._words
+        outcome = native_cycle.NOT_YET
+        while outcome == native_cycle.NOT_YET and time.perf_counter() - start < patience:
+            for p in exchange.peers:
+                if published[p][0] < c:
+                    exchange._last = p          # among the last to come (the gather's _published_for does this)
+            watchdog.check(what)
+            if watchdog.progress is not None:
+                watchdog.progress()
+            outcome = native._call(native._ctx, c, flags, cid, words, None, out, kind, scale, divisor, _YIELD_NS)
+        if outcome != native_cycle.NOT_YET:
+            exchange._waited_since(start)
+        return outcome
 
     def _native_done(self, c, cid):
         """The native cycle c reduced `cid` (DONE): this rank is past cycle c. True."""
@@ -293,9 +324,14 @@ class CycleAgreement(CoordinatorAgreement):
         if self._touch is not None:
             self._touch(cid)
         stragglers = self.stragglers
-        if stragglers is not None and stragglers.waiting:
-            bit = 1 << cid
-            stragglers.after_cycle(c, bit, bit, 0, None, self._words)
+        if stragglers is not None:
+            exchange = self._exchange
+            waited = exchange.waited          # (_native_wait's, as a gather's)
+            if waited is not None:
+                exchange.waited = None
+            if waited is not None or stragglers.waiting:
+                bit = 1 << cid
+                stragglers.after_cycle(c, bit, bit, 0, waited, self._words)
         return True
 
     def _fast_actions(self, ready):

@@ -11,6 +11,7 @@ from mpi4py import MPI
 import ringtrain as rt
 from ringtrain.core import state
 from ringtrain.engine import native_cycle
+from ringtrain.engine.watchdog import YIELD_S
 from ringtrain.ops import DTYPES, ReduceOp, reduce_in_rank_order, result_scale
 
 pytestmark = pytest.mark.mpi(min_size=2)
@@ -114,6 +115,36 @@ def test_a_late_rank_hands_the_wait_to_python(native_outcomes):
         np.testing.assert_array_equal(out, want, err_msg=f"rank {rank} call {i}")
     if rank == 0:
         assert native_cycle.NOT_YET in native_outcomes, native_outcomes
+
+
+def test_a_rank_a_few_ms_late_is_waited_for_in_native_rounds(native_outcomes, monkeypatch):
+    """Past the native spin, within the caller's patience (a core per rank: Watchdog.yield_s): the caller waits in
+    further native rounds on the cycle it published (src None), and the late rank's arrival finishes the call there,
+    with this call's values (they change every call), not an earlier cycle's."""
+    agreement = native_or_skip()
+    size, rank = rt.size(), rt.rank()
+    spy, resumed = agreement._native._call, []
+
+    def watch(*args):
+        outcome = spy(*args)
+        if args[5] is None:
+            resumed.append(outcome)
+        return outcome
+    monkeypatch.setattr(agreement._native, "_call", watch)
+    counted = agreement._exchange.wait_rows()[rank][size - 1][1]
+    for i in range(6):
+        x = np.arange(100, dtype=np.float32) + rank + 10 * i
+        want = sum(np.arange(100, dtype=np.float32) + r + 10 * i for r in range(size))
+        rt.barrier()
+        if rank == size - 1 and i % 2:
+            time.sleep(0.003)
+        out = rt.allreduce(x, op=rt.Sum, name="native.few_ms_late")
+        np.testing.assert_array_equal(out, want, err_msg=f"rank {rank} call {i}")
+    patient = state.engine().watchdog.yield_s() > YIELD_S
+    if rank == 0 and patient:           # (more ranks than cores: the caller sleeps in the Watchdog instead)
+        assert native_cycle.DONE in resumed, (resumed, native_outcomes)
+        if agreement.stragglers is not None:    # such a wait counts for the stragglers as a gather's does
+            assert agreement._exchange.wait_rows()[rank][size - 1][1] > counted, agreement._exchange.wait_rows()
 
 
 def test_a_skipped_call_still_stalls_naming_the_rank_and_tensor():
