@@ -218,6 +218,12 @@ static PyObject *py_express(PyObject *self, PyObject *const *args, Py_ssize_t na
     if (out.len != src.len) {
         PyErr_Format(PyExc_ValueError, "express_cycle.express: out has %zd bytes, the input %zd", out.len, src.len);
         outcome = -1;
+    } else if (resume) {
+        /* a wait of up to spin_ns on a published cycle: other threads run meanwhile. Only the holder of the engine's
+         * progress lock finishes a published cycle (the compiled call's ctx is disarmed until then) */
+        Py_BEGIN_ALLOW_THREADS
+        outcome = rt_express(ctx, c, flags, cid, words, NULL, src.len, out.buf, (int)kind, scale, divisor, spin_ns);
+        Py_END_ALLOW_THREADS
     } else {
         outcome = rt_express(ctx, c, flags, cid, words, src.buf, src.len, out.buf, (int)kind, scale, divisor,
                              spin_ns);
