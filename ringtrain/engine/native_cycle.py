@@ -9,7 +9,9 @@ fill this rank's slot of parity c % 2 (header, a bitmap with the one id, the eag
 bounded by spin_s -- until every peer published c, and when every rank published c with no flag, the id ready and
 the same eager (id, nbytes), reduce the slots in rank order into `out` (Sum; Average's scale after). Any other
 outcome leaves exactly the state WindowExchange.publish would have left, so the Python logic goes on from there:
-NOT_YET (a peer is not there yet: the Watchdog's bounded wait, with its stall timeout and error messages, takes over),
+NOT_YET (a peer is not there yet: a caller with a core per rank first waits in further native rounds on that cycle,
+express(..., None, out, ...), without the GIL and with the Watchdog's checks between them (CycleAgreement._native_wait);
+then the Watchdog's bounded wait, with its stall timeout and error messages, takes over),
 ARRIVED (everyone published; the agreement reads the snapshot and decides as after its own gather).
 `how` (reduce_how(dtype, op, scale, size)) says how to reduce natively, or None for a dtype/op the C code does not
 reduce (float16, bfloat16, small integers, Min, Max, Product): that outcome is then ARRIVED, and the executor
