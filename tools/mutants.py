@@ -1014,11 +1014,6 @@ MUTANTS = [
            (Tests((ELASTIC,), select="exchange_in_flight"),),
            "elastic workers on MPICH's default (ucx) network module: a survivor's send to a worker that just died "
            "crashes it inside MPI_Isend"),
-    Mutant("elastic_waits_leave_mpi_progress_to_the_peer_checks", "ringtrain/world/join.py",
-           "        config.drive_mpi_progress = True      # a joined world (below)\n", "",
-           (Tests((ELASTIC,), select="drive_mpi_progress"),),
-           "an elastic world's waits and idle engine passes make no MPI call of their own: a root's broadcast data "
-           "sits in its process until the next peer check, every peer_check_s"),
     Mutant("joined_world_waits_leave_mpi_progress_to_the_peer_checks", "ringtrain/world/join.py",
            "    config.drive_mpi_progress = True\n", "",
            (Tests(("tests/test_launch_environment.py",), select="drive_mpi_progress"),),
