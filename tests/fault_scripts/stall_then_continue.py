@@ -8,12 +8,12 @@ skipped it is told in its log (it has no call of its own that failed), and the t
 rank."""
 import logging
 import sys
-import time
 
 import numpy as np
+from mpi4py import MPI
 
 import ringtrain as rt
-from _common import caught, say
+from _common import caught, say, wait_for_stall_warning
 
 
 class Said(logging.Handler):
@@ -24,7 +24,9 @@ class Said(logging.Handler):
 
 logging.getLogger("ringtrain").addHandler(Said())
 framework = sys.argv[1]
-rt.init()
+# the framework is imported before init(), and the ranks meet in an MPI barrier (no stall timeout) before their first
+# collective: importing TensorFlow takes seconds, and one rank's import finishing more than the short stall timeout
+# after the other's stalled the first collective (seen under load)
 if framework == "torch":
     import torch
     import ringtrain.torch as hvd
@@ -49,14 +51,17 @@ else:
     def allreduce(x, name):
         return rt.allreduce(x, op=rt.Sum, name=name)
 
+rt.init()
+MPI.COMM_WORLD.Barrier()
 odd = rt.rank() == rt.size() - 1
 want = np.full(6, rt.size() * (rt.size() + 1) / 2, np.float32)
 for case in ("skip", "diverge"):
     rt.barrier()
     if odd and case == "skip":
-        # the skipped call must be the older of the two waiting names (the stall ends the oldest): under load the
-        # skipping rank could otherwise submit its next call before the others submit the one it skipped
-        time.sleep(1.0)
+        # the skipped call must be the older of the two waiting names (the stall ends the oldest): the skipping rank
+        # submits its next call once the stall warning says the coordinator holds the skipped one (a pause would
+        # only make that likely: under load the others could submit it later still)
+        wait_for_stall_warning("skip.stalled")
     try:
         if not odd:
             allreduce(np.ones(6, np.float32), f"{case}.stalled")
