@@ -144,8 +144,9 @@ def test_a_stall_leaves_the_job_usable(n, framework):
     and ten more. Every rank learns of each stall with the tensor and the ranks named, and the calls after it are
     correct: the stalled collectives are dropped everywhere, nothing is left over to poison later calls."""
     # a 1 s stall timeout (the others' 3 s): this job waits out three stalls per framework, one after the other.
-    # What keeps the calls after a stall from stalling in turn scales with the timeout (the skipping rank's 1 s
-    # pause; the two sides of the divergence ending one timeout apart), so a short one tests the same.
+    # What keeps the calls after a stall from stalling in turn follows the timeout (the skipping rank waits for the
+    # stall warning of the call it skips; the two sides of the divergence end one timeout apart), so a short one
+    # tests the same.
     job = run_job("stall_then_continue.py", n, framework, RINGTRAIN_STALL_TIMEOUT_S=1, RINGTRAIN_STALL_WARNING_S=0.5)
     assert job.returncode == 0, job
     odd = n - 1
@@ -165,7 +166,10 @@ def test_a_stall_leaves_the_job_usable(n, framework):
 
 
 def test_divergent_name_stalls_then_errors_everywhere():
-    job = run_job("divergent_name.py", 2, RINGTRAIN_STALL_TIMEOUT_S=2)      # two stalls, one after the other
+    # two stalls, one after the other. grad.b is submitted once rank 1 is warned that grad.a waits (0.25 s, then up
+    # to a stall check period of 0.5 s): when grad.a's stall comes (2 to 2.5 s), grad.b has waited past the warning
+    # threshold, so rank 0's message names it too, unless rank 1's submission took over a second to arrive
+    job = run_job("divergent_name.py", 2, RINGTRAIN_STALL_TIMEOUT_S=2, RINGTRAIN_STALL_WARNING_S=0.25)
     assert job.returncode == 0, job               # a stall ends the collectives in it, not the job
     assert job.seconds < MUST_END_S, job
     for rank in range(2):
