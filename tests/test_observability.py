@@ -144,11 +144,12 @@ def test_a_skipped_collective_is_named_by_the_merged_report(tmp_path):
     ringtrain-run for the numpy one, by python -m ringtrain.doctor for the others; the stall error points at the
     dumps; the job goes on and ends cleanly."""
     frameworks = ["numpy"] + [f for f in ("torch", "tensorflow") if _importable(f)]
-    # a 1 s stall timeout: what keeps the call after the skipped one from stalling is the skipping rank's 0.5 s
-    # pause (desync.py), at any timeout
+    # the skipping rank submits its next call once warned that the skipped one waits (desync.py): from that warning
+    # (0.25 s, then up to a stall check period of 0.5 s) to the stall (past 1.5 s, at a check) it has a second or
+    # more to submit it, so its flight recorder is in 'step2.grads' when the stall makes it write the dump
     proc = _launch(["-np", "2", sys.executable, os.path.join(TESTS, "fault_scripts", "desync.py"), *frameworks],
-                   RINGTRAIN_FLIGHT_RECORDER_DIR=str(tmp_path), RINGTRAIN_STALL_TIMEOUT_S="1",
-                   RINGTRAIN_STALL_WARNING_S="0.5")
+                   RINGTRAIN_FLIGHT_RECORDER_DIR=str(tmp_path), RINGTRAIN_STALL_TIMEOUT_S="1.5",
+                   RINGTRAIN_STALL_WARNING_S="0.25")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     verdict = "ranks diverged at #5: rank 0 is in 'step2.forward' (#5); rank 1 is in 'step2.grads' (#5)"

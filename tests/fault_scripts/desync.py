@@ -4,16 +4,15 @@ to <RINGTRAIN_FLIGHT_RECORDER_DIR>/<framework> (numpy: the directory itself, whi
 
 Every rank runs three steps of two named allreduces, and the last rank skips 'step2.forward'. The others stall in
 it (the fault tests' short stall timeout), every rank writes its flight recorder, and the job goes on: the skipping
-rank waits a moment before its next call, so the skipped collective is the oldest waiting name and the stall ends
-it; the next one then completes everywhere."""
+rank waits for the stall warning of the collective it skipped before its next call, so the skipped collective is the
+oldest waiting name and the stall ends it; the next one then completes everywhere."""
 import os
 import sys
-import time
 
 import numpy as np
 
 import ringtrain as rt
-from _common import caught, say
+from _common import caught, say, wait_for_stall_warning
 
 base = os.environ["RINGTRAIN_FLIGHT_RECORDER_DIR"]
 
@@ -38,7 +37,9 @@ for framework in sys.argv[1:]:
         for part in ("forward", "grads"):
             name = f"step{step}.{part}"
             if rt.rank() == skipper and name == "step2.forward":
-                time.sleep(0.5)                   # the desync: this rank skips a collective
+                # the desync: this rank skips a collective, and submits its next one once the stall warning says the
+                # coordinator holds the skipped one (so that one is the oldest waiting name, whatever the load)
+                wait_for_stall_warning(name)
                 continue
             try:
                 got = allreduce(np.ones(4, np.float32), name)
