@@ -2,7 +2,8 @@
 RankFailureError / ShutdownError naming that rank, within seconds, not a stall timeout.
 
 The quitter stays alive until every other rank has caught its error (each leaves a file in EARLY_SHUTDOWN_MARKERS)
-or 6 s passed, so what the others notice is the shutdown itself, never a dead process."""
+or 6 s passed, so what the others notice is the shutdown itself, never a dead process; so does every other rank, so
+that the quitter is the only rank any of them can find shut down."""
 import os
 import sys
 import time
@@ -30,6 +31,12 @@ except rt.RingtrainError as e:
     say(f"CAUGHT-AT {time.time():.3f}")
     caught("early_shutdown", e)
     open(os.path.join(markers, str(me)), "w").close()
+    # and waits for the other survivors' markers too: its exit would shut its engine down, so a survivor still on
+    # its way to the collective would be told "ranks r,q already called shutdown()" -- and its exit code could
+    # make the launcher end the others before they print
+    deadline = time.monotonic() + 6
+    while len(os.listdir(markers)) < others and time.monotonic() < deadline:
+        time.sleep(0.05)
     sys.exit(1)
 say("NO ERROR although a rank shut down early")
 sys.exit(3)
