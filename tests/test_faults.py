@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -69,21 +70,27 @@ def _kill_group(proc):
         pass
 
 
-# Hydra SIGKILLs every rank within about a second of one dying by a signal (even with -disable-auto-cleanup), often
-# before the survivors' watchdogs can speak. Under this shell, hydra's child outlives a rank killed by a signal by
-# OUTLIVE_S, so hydra learns of the death only after the survivors' watchdogs (peer check every 0.2 s) had ample time.
-# A survivor that already failed lingers SURVIVOR_LINGER_S too: hydra kills the other ranks as soon as one exits
-# non-zero, and under load the second survivor's watchdog may not have spoken yet (seen: 1 run in 6).
-OUTLIVE_S = 8
-SURVIVOR_LINGER_S = 3
-OUTLIVE_A_KILLED_RANK = (f'python "$0" "$@"; s=$?; if [ $s -gt 128 ]; then sleep {OUTLIVE_S}; '
-                         f'elif [ $s -ne 0 ]; then sleep {SURVIVOR_LINGER_S}; fi; exit $s')
+# Hydra SIGKILLs every rank within about a second of one dying by a signal (even with -disable-auto-cleanup), and as
+# soon as one exits non-zero: often before the other ranks could say what they caught (seen on CI: rank 1 of the
+# unresolved-cycle job killed before its CAUGHT line; under load, the second survivor of a SIGKILL). Under this shell
+# a rank that ends non-zero, by a signal or not, keeps hydra from knowing until every rank the test expects to speak
+# has (each leaves a file in $RINGTRAIN_TEST_SPOKE once it printed its lines: fault_scripts/_common.done_speaking),
+# or SPEAK_WAIT_S passed: which rank ends first no longer decides which ranks get to speak, at any load, and no job
+# waits longer than its ranks take to speak.
+SPEAK_WAIT_S = 15
+WAIT_FOR_SPEAKERS = ('python "$0" "$@"; s=$?; if [ $s -ne 0 ]; then i=0; '
+                     'while [ "$(ls "$RINGTRAIN_TEST_SPOKE" | wc -l)" -lt "$RINGTRAIN_TEST_SPEAKERS" ] '
+                     f'&& [ $i -lt {SPEAK_WAIT_S * 10} ]; do sleep 0.1; i=$((i + 1)); done; fi; exit $s')
 
 
-def run_job(script, n, *args, launcher_args=(), outlive_killed_rank=False, hard_kill_s=HARD_KILL_S, **env):
+def run_job(script, n, *args, launcher_args=(), speakers=0, hard_kill_s=HARD_KILL_S, **env):
+    """speakers: run the ranks under WAIT_FOR_SPEAKERS, until that many ranks called done_speaking()."""
     rank_cmd = [sys.executable, str(SCRIPTS / script), *args]
-    if outlive_killed_rank:
-        rank_cmd = ["sh", "-c", OUTLIVE_A_KILLED_RANK.replace("python", sys.executable, 1), *rank_cmd[1:]]
+    spoke = None
+    if speakers:
+        spoke = tempfile.mkdtemp(prefix="ringtrain-spoke-")
+        env = dict(env, RINGTRAIN_TEST_SPOKE=spoke, RINGTRAIN_TEST_SPEAKERS=speakers)
+        rank_cmd = ["sh", "-c", WAIT_FOR_SPEAKERS.replace("python", sys.executable, 1), *rank_cmd[1:]]
     cmd = [MPIEXEC, *launcher_args, "-n", str(n), *rank_cmd]
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=REPO, env=_env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -94,6 +101,9 @@ def run_job(script, n, *args, launcher_args=(), outlive_killed_rank=False, hard_
         _kill_group(proc)
         out, _ = proc.communicate()
         pytest.fail(f"{script} {args} with {n} ranks still running after {hard_kill_s}s:\n{out}")
+    finally:
+        if spoke:
+            shutil.rmtree(spoke, ignore_errors=True)
     job = Job(proc.returncode, time.monotonic() - start, out)
     print(f"\n[fault] {script} {' '.join(args)} n={n}: exit {job.returncode} in {job.seconds:.1f}s")
     for rank in range(n):
@@ -218,7 +228,7 @@ def test_a_cycle_its_caller_never_finishes_ends_in_a_stall_error_naming_it():
     """The compiled express call published a cycle and its caller never came back to finish it: the engine fails
     with a StallError naming the allreduce after the stall timeout (no pass runs over that cycle meanwhile), the
     peers learn of it, and the job ends -- never a hang."""
-    job = run_job("unresolved_cycle.py", 2, outlive_killed_rank=True, RINGTRAIN_STALL_TIMEOUT_S="2")
+    job = run_job("unresolved_cycle.py", 2, speakers=2, RINGTRAIN_STALL_TIMEOUT_S="2")
     if "NO COMPILED CALL" in job.output:
         pytest.skip("no compiled express call here")
     assert job.returncode != 0 and job.seconds < MUST_END_S, job
@@ -230,15 +240,14 @@ def test_a_cycle_its_caller_never_finishes_ends_in_a_stall_error_naming_it():
 
 
 def test_exception_in_training_loop_ends_job_and_names_rank():
-    job = run_job("raise_in_loop.py", 3)
+    job = run_job("raise_in_loop.py", 3, speakers=2)
     assert job.returncode != 0, job
     assert job.seconds < MUST_END_S, job
-    # not the script's own exception text: ringtrain's error on the survivors names the rank that left. Once one
-    # survivor exits non-zero hydra may kill the other before it prints, so: at least one, and every one that did
-    lines = [job.caught(rank) for rank in (0, 2) if job.caught(rank)]
-    assert lines, job
-    for line in lines:
-        assert re.search(r"RankFailureError|ShutdownError", line), job
+    # not the script's own exception text: ringtrain's error on both survivors names the rank that left (no exit
+    # ends the job before both spoke: WAIT_FOR_SPEAKERS)
+    for rank in (0, 2):
+        line = job.caught(rank)
+        assert line and re.search(r"RankFailureError|ShutdownError", line), job
         # rank 1 named, alone or in the list of ranks gone ("ranks 1,2 already called shutdown()": rank 2 may have
         # caught its own error and left before rank 0's engine learnt of rank 1)
         assert re.search(r"\branks? (?:\d+,)*1\b", line.split("CAUGHT", 1)[1]), job
@@ -248,9 +257,9 @@ def test_exception_in_training_loop_ends_job_and_names_rank():
 @pytest.mark.parametrize("n,env", [(2, {}), (3, SPLIT)], ids=_nodes_id)
 def test_sigkill_mid_allreduce_ends_everything(n, env):
     """The survivors' watchdogs notice the dead process and end their ranks, each naming it in ringtrain's own
-    line. The ranks run under OUTLIVE_A_KILLED_RANK, so hydra's clean-up cannot do it for them. Under the split
+    line. The ranks run under WAIT_FOR_SPEAKERS, so hydra's clean-up cannot do it for them. Under the split
     (2+1) the victim is alone on the other pretend node: the watchdog watches every pid of the machine."""
-    job = run_job("sigkill.py", n, outlive_killed_rank=True, **env)
+    job = run_job("sigkill.py", n, speakers=n - 1, **env)
     assert job.returncode != 0, job
     assert job.seconds < MUST_END_S, job
     pids = dict(re.findall(r"^rank (\d+): PID (\d+)$", job.output, re.M))
@@ -270,13 +279,12 @@ def test_sigkill_mid_allreduce_ends_everything(n, env):
     _assert_no_leftovers([int(p) for p in pids.values()])
 
 
-def test_rank_calling_shutdown_early_is_named_on_the_others(tmp_path):
+def test_rank_calling_shutdown_early_is_named_on_the_others():
     """The others must notice the shutdown message itself: not the quitter's death (it stays alive until they
     have all caught their error, or 6 s after its shutdown(), longer than the 5 s allowed here) and not a stall
     (its timeout, 10 s, is past that too)."""
     n = 3
-    job = run_job("early_shutdown.py", n, outlive_killed_rank=True, hard_kill_s=MUST_END_S,
-                  RINGTRAIN_STALL_TIMEOUT_S=10, EARLY_SHUTDOWN_MARKERS=tmp_path)
+    job = run_job("early_shutdown.py", n, speakers=n - 1, hard_kill_s=MUST_END_S, RINGTRAIN_STALL_TIMEOUT_S=10)
     assert job.returncode != 0, job
     assert job.seconds < MUST_END_S, job
     quitter = n - 1
@@ -356,7 +364,7 @@ def test_crash_in_one_engine_ends_every_rank_naming_it(where, n, launcher):
                               stderr=subprocess.STDOUT, text=True, timeout=HARD_KILL_S, start_new_session=True)
         job = Job(proc.returncode, time.monotonic() - start, proc.stdout)
     else:
-        job = run_job("engine_crash.py", n, where, outlive_killed_rank=True, RINGTRAIN_STALL_TIMEOUT_S=stall_s)
+        job = run_job("engine_crash.py", n, where, speakers=n, RINGTRAIN_STALL_TIMEOUT_S=stall_s)
     assert job.returncode != 0, job
     assert job.seconds < MUST_END_S, job
     victim = n - 1

@@ -23,6 +23,16 @@ def caught(case, error):
     say(f"CAUGHT[{case}] {type(error).__name__}: {error}")
 
 
+def done_speaking():
+    """This rank has printed every line the test needs from it: under the fault tests' WAIT_FOR_SPEAKERS shell
+    (RINGTRAIN_TEST_SPOKE: a directory), a file named after the rank there lets a rank that ended non-zero stop
+    keeping hydra from ending the others once every rank the test expects to speak has."""
+    directory = os.environ.get("RINGTRAIN_TEST_SPOKE")
+    if directory:
+        rank = rt.rank() if rt.is_initialized() else os.environ.get("PMI_RANK", "unknown")
+        open(os.path.join(directory, str(rank)), "w").close()
+
+
 def announce_pid():
     say(f"PID {os.getpid()}")
 

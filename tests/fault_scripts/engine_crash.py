@@ -10,7 +10,7 @@ import numpy as np
 
 import ringtrain as rt
 from ringtrain.core import state
-from _common import announce_pid, caught, say
+from _common import announce_pid, caught, done_speaking, say
 
 where = sys.argv[1]
 rt.init()
@@ -50,4 +50,5 @@ try:
     say("AFTER-CRASH no error")
 except rt.RingtrainError as e:
     say(f"AFTER-CRASH {type(e).__name__}")
+done_speaking()
 sys.exit(1)

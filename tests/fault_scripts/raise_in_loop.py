@@ -3,7 +3,7 @@ inside the next allreduce. The job must end non-zero, quickly, and say which ran
 import numpy as np
 
 import ringtrain as rt
-from _common import announce_pid, caught
+from _common import announce_pid, caught, done_speaking
 
 rt.init()
 announce_pid()
@@ -14,4 +14,5 @@ try:
         rt.allreduce(np.ones(1 << 16, np.float32), name=f"grad.step{step}")
 except rt.RingtrainError as e:
     caught("raise", e)
+    done_speaking()
     raise

@@ -7,7 +7,7 @@ import threading
 import numpy as np
 
 import ringtrain as rt
-from _common import announce_pid, caught
+from _common import announce_pid, caught, done_speaking
 
 rt.init()
 announce_pid()
@@ -20,4 +20,5 @@ try:
         rt.allreduce(x, name=f"grad.step{step}")
 except rt.RingtrainError as e:
     caught("sigkill", e)
+    done_speaking()
     raise

@@ -11,7 +11,7 @@ from mpi4py import MPI
 import ringtrain as rt
 from ringtrain.core import state
 from ringtrain.engine import native_cycle
-from _common import announce_pid, caught, say
+from _common import announce_pid, caught, done_speaking, say
 
 rt.init()
 announce_pid()
@@ -41,4 +41,5 @@ try:
     sys.exit(3)
 except rt.RingtrainError as e:
     caught("unresolved", e)
+    done_speaking()
 sys.exit(1)
