@@ -38,8 +38,9 @@ def test_sigkilled_worker_survivors_rolled_back_to_different_commits_all_go_on_f
                       STEP_MARKS_DIR=tmp_path)
     assert job.returncode == 0, job
     assert "rank 1: KILLED" in job.output, job
-    assert re.search(r"worker localhost\[\d\] \(rank 1 of world 1\) lost its connection.*2 workers left",
-                     job.output), job
+    # the driver names the death by what it sees first: the worker's connection closing, or its process's end
+    assert re.search(r"worker localhost\[\d\] \(rank 1 of world 1\) (?:lost its connection|exited with code|was "
+                     r"killed).*2 workers left", job.output), job
     assert "world 2: 2 workers" in job.output, job
     restored = job.lines("RESET")
     assert sorted(restored) == [0, 1] and {len(lines) for lines in restored.values()} == {1}, job
