@@ -42,23 +42,32 @@ def _env(**extra):
 
 
 class Job:
-    """A finished (or killed) job: exit code, wall time, combined output, and the lines each rank printed."""
+    """A finished (or killed) job: exit code, wall time, output, and the lines each rank printed.
 
-    def __init__(self, returncode, seconds, output):
-        self.returncode, self.seconds, self.output = returncode, seconds, output
+    The ranks' own lines (fault_scripts/_common.say: stdout, one write per line) are read apart from their stderr
+    (tracebacks, ringtrain's log lines): the launcher forwards each stream as it comes, so in one merged pipe a line of
+    one rank can land behind a line another rank is still writing to the other stream (seen under load: rank 0's
+    CAUGHT line behind part of rank 2's traceback). `output` is both: stdout, then stderr."""
+
+    def __init__(self, returncode, seconds, stdout, stderr=""):
+        self.returncode, self.seconds, self.stdout, self.stderr = returncode, seconds, stdout, stderr
+        self.output = stdout + ("\n" if stdout and not stdout.endswith("\n") else "") + stderr
 
     def lines_of(self, rank):
-        return [line for line in self.output.splitlines() if line.startswith(f"rank {rank}:")]
+        return [line for line in self.stdout.splitlines() if line.startswith(f"rank {rank}:")]
 
     def caught(self, rank):
         """The error line rank printed, or None."""
         return next((line for line in self.lines_of(rank) if "CAUGHT[" in line), None)
 
     def pids(self):
-        return [int(p) for p in re.findall(r"^rank \d+: PID (\d+)$", self.output, re.M)]
+        return [int(p) for p in re.findall(r"^rank \d+: PID (\d+)$", self.stdout, re.M)]
 
     def __str__(self):
-        return f"exit {self.returncode} after {self.seconds:.1f}s; output:\n{self.output}"
+        if not self.stderr:
+            return f"exit {self.returncode} after {self.seconds:.1f}s; output:\n{self.stdout}"
+        return (f"exit {self.returncode} after {self.seconds:.1f}s; stdout:\n{self.stdout}\n"
+                f"stderr:\n{self.stderr}")
 
     __repr__ = __str__
 
@@ -99,18 +108,18 @@ def run_job(script, n, *args, launcher_args=(), speakers=0, ringtrain_run=False,
     else:
         cmd = [MPIEXEC, *launcher_args, "-n", str(n), *rank_cmd]
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
-        out, _ = proc.communicate(timeout=hard_kill_s)
+        out, err = proc.communicate(timeout=hard_kill_s)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
-        out, _ = proc.communicate()
-        pytest.fail(f"{script} {args} with {n} ranks still running after {hard_kill_s}s:\n{out}")
+        out, err = proc.communicate()
+        pytest.fail(f"{script} {args} with {n} ranks still running after {hard_kill_s}s:\n{out}\nstderr:\n{err}")
     finally:
         if spoke:
             shutil.rmtree(spoke, ignore_errors=True)
-    job = Job(proc.returncode, time.monotonic() - start, out)
+    job = Job(proc.returncode, time.monotonic() - start, out, err)
     print(f"\n[fault] {script} {' '.join(args)} n={n}: exit {job.returncode} in {job.seconds:.1f}s")
     for rank in range(n):
         print(f"[fault]   {job.caught(rank) or (job.lines_of(rank) or ['(no line)'])[-1]}")
