@@ -171,8 +171,10 @@ def test_a_stall_leaves_the_job_usable(n, framework):
     # a 1 s stall timeout (the others' 3 s): this job waits out three stalls per framework, one after the other.
     # What keeps the calls after a stall from stalling in turn follows the timeout (the skipping rank waits for the
     # stall warning of the call it skips; the two sides of the divergence end one timeout apart), so a short one
-    # tests the same.
-    job = run_job("stall_then_continue.py", n, framework, RINGTRAIN_STALL_TIMEOUT_S=1, RINGTRAIN_STALL_WARNING_S=0.5)
+    # tests the same. The warning at 0.25 s: the skipping rank's next call, submitted on that warning (at 0.25-0.75 s),
+    # has waited past it too when the stall comes (at the first 0.5 s stall check past 1 s), so the stall sees both
+    # and must end only the skipped one
+    job = run_job("stall_then_continue.py", n, framework, RINGTRAIN_STALL_TIMEOUT_S=1, RINGTRAIN_STALL_WARNING_S=0.25)
     assert job.returncode == 0, job
     odd = n - 1
     for rank in range(n):
