@@ -4,7 +4,7 @@
  *   tensors: a list or tuple of objects with torch's tensor attributes. signature: a tuple with one
  *   (t.dtype, t.shape, t.is_cpu) per tensor, in order; members: a tuple of t.data_ptr() per tensor, or None when
  *   some t.is_contiguous() is not True (data_ptr() is then not read). Any exception a read raises propagates.
- *   What the binding's Python would do with attrgetter and map (ringtrain/torch/functions.py, _read_group_python),
+ *   What the binding's Python would do with attrgetter and map (ringtrain/torch/group_reads.py, read_python),
  *   without the interpreter's per-attribute and per-call frames: on a small group those are a visible share of
  *   the call (the getters themselves are the framework's). */
 #include "express_ctx.h"
@@ -37,6 +37,19 @@ static PyObject *describe(PyObject *t) {
     return entry;
 }
 
+/* t.data_ptr() into *address when t.is_contiguous() is True: 1 (a new reference); 0 when it is not (data_ptr() is
+ * then not called); -1 with the exception of either call set */
+static int address_of(PyObject *t, PyObject **address) {
+    PyObject *call[2] = {NULL, t};        /* (call[0]: the slot ARGUMENTS_OFFSET lets the callee use) */
+    PyObject *answer = PyObject_VectorcallMethod(s_is_contiguous, call + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    if (!answer) return -1;
+    int contiguous = answer == Py_True;
+    Py_DECREF(answer);
+    if (!contiguous) return 0;
+    *address = PyObject_VectorcallMethod(s_data_ptr, call + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    return *address ? 1 : -1;
+}
+
 PyObject *py_read_group(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 1 || !(PyList_CheckExact(args[0]) || PyTuple_CheckExact(args[0]))) {
         PyErr_SetString(PyExc_TypeError, "express_cycle.read_group takes one list or tuple of tensors");
@@ -54,34 +67,15 @@ PyObject *py_read_group(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             goto fail;
         }
         PyObject **items = PySequence_Fast_ITEMS(seq);
-        PyObject *t = Py_NewRef(items[i]);
-        PyObject *call[2] = {NULL, t};        /* (call[0]: the slot ARGUMENTS_OFFSET lets the callee use) */
-        PyObject *entry = describe(t);
-        if (!entry) {
-            Py_DECREF(t);
-            goto fail;
-        }
-        PyTuple_SET_ITEM(signature, i, entry);
-        if (contiguous) {
-            PyObject *answer = PyObject_VectorcallMethod(s_is_contiguous, call + 1,
-                                                         1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-            if (!answer) {
-                Py_DECREF(t);
-                goto fail;
-            }
-            contiguous = answer == Py_True;
-            Py_DECREF(answer);
-        }
-        if (contiguous) {
-            PyObject *address = PyObject_VectorcallMethod(s_data_ptr, call + 1,
-                                                          1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-            if (!address) {
-                Py_DECREF(t);
-                goto fail;
-            }
-            PyTuple_SET_ITEM(members, i, address);
+        PyObject *t = Py_NewRef(items[i]);        /* (held: a getter may drop the list's reference) */
+        PyObject *entry = describe(t), *address = NULL;
+        if (entry) {
+            PyTuple_SET_ITEM(signature, i, entry);
+            if (contiguous) contiguous = address_of(t, &address);
         }
         Py_DECREF(t);
+        if (!entry || contiguous < 0) goto fail;
+        if (contiguous) PyTuple_SET_ITEM(members, i, address);
     }
     if (!contiguous) {
         Py_DECREF(members);

@@ -292,6 +292,29 @@ def test_read_group_is_the_bindings_python_read():
             compiled(bad)
     with pytest.raises(TypeError):
         compiled(iter([base]))        # the binding hands over a list: anything else is a TypeError
+
+    class Failing:
+        """A tensor-like whose is_contiguous() or data_ptr() raises: the read raises it too."""
+        dtype, shape, is_cpu = torch.float32, torch.Size([2]), True
+
+        def __init__(self, failing):
+            self.failing = failing
+
+        def is_contiguous(self):
+            if self.failing == "is_contiguous":
+                raise RuntimeError("is_contiguous failed")
+            return True
+
+        def data_ptr(self):
+            if self.failing == "data_ptr":
+                raise RuntimeError("data_ptr failed")
+            return 64
+
+    for failing in ("is_contiguous", "data_ptr"):      # (the Python read takes torch's own getters: tensors only)
+        with pytest.raises(RuntimeError, match=f"{failing} failed"):
+            compiled([base, Failing(failing)])
+    assert compiled([Failing(None), base]) == (((torch.float32, torch.Size([2]), True), (base.dtype, base.shape, True)),
+                                               (64, base.data_ptr()))
     group_reads.read([base])                  # (its first call picks the reader)
     assert group_reads.read is compiled, "the torch binding reads its groups in Python although the module is built"
 

@@ -302,20 +302,18 @@ class CycleAgreement(CoordinatorAgreement):
         patience = watchdog.yield_s()
         if patience <= YIELD_S:
             return native_cycle.NOT_YET
-        native, exchange, published = self._native, self._exchange, self._exchange._published
+        native, exchange = self._native, self._exchange
         what = f"agreement cycle {c}"
         words = self._words
         outcome = native_cycle.NOT_YET
         while outcome == native_cycle.NOT_YET and time.perf_counter() - start < patience:
-            for p in exchange.peers:
-                if published[p][0] < c:
-                    exchange._last = p          # among the last to come (the gather's _published_for does this)
+            exchange.published(c)               # (notes who is missing: the peer this wait is for)
             watchdog.check(what)
             if watchdog.progress is not None:
                 watchdog.progress()
             outcome = native._call(native._ctx, c, flags, cid, words, None, out, kind, scale, divisor, _YIELD_NS)
         if outcome != native_cycle.NOT_YET:
-            exchange._waited_since(start)
+            exchange.wait_over(start)
         return outcome
 
     def _native_done(self, c, cid):

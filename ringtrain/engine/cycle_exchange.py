@@ -11,6 +11,10 @@ snapshot. Two ways to move the slots, one interface:
   eager_everywhere(cid, nbytes)       did every rank publish that eager allreduce in cycle c?
   waited                              (peer, start) when the last gather had to wait: the peer it waited for last
                                       and when it began waiting (perf_counter); None when everyone was there
+  published(c, peers=None)            WindowExchange: has every peer (or every one of `peers`) published cycle c?
+                                      A wait's poll: notes the one it finds missing, the peer `waited` will name
+  wait_over(start)                    a wait for a cycle that began at `start` is over: sets `waited` when it was
+                                      longer than the exchange's own handshake
   leader                              (cycle, peer) when this rank followed a peer into that cycle
   add_wait(peer, seconds), wait_rows()   this rank's running total of how long it waited for each rank, kept in its
                                       slots (both parities), and every rank's totals as they last arrived here
@@ -101,15 +105,15 @@ class _Exchange:
         self._parity = 0
         self.waited = None                      # see gather(): (peer, start) when it had to wait
         self._last = None                       # the peer found missing at the latest poll of a wait
-        self._want = 0                          # the cycle a wait is for
         self.leader = None                      # (cycle, peer): the peer seen in that cycle before we entered it
 
     def _views(self, buffers):
         return [tuple(_SlotViews(b, self._max_words, self.size) for b in pair) for pair in buffers]
 
-    def _waited_since(self, start):
-        """The gather waited from `start` for self._last (among the last to come): worth a straggler score when it
-        is longer than the exchange itself takes (WAIT_FLOOR_S)."""
+    def wait_over(self, start):
+        """A wait for a cycle (a gather's, or the agreement's native rounds) that began at `start` (perf_counter) is
+        over; it was for the peer its polls last found missing (among the last to come): worth a straggler score
+        (`waited`) when it is longer than the exchange itself takes (WAIT_FLOOR_S)."""
         if time.perf_counter() - start >= WAIT_FLOOR_S:
             self.waited = (self._last, start)
 
@@ -217,25 +221,26 @@ class WindowExchange(_Exchange):
 
     def gather(self, c, start=None):
         """start: when this rank began waiting, if before this call (perf_counter)."""
-        published = self._published
-        for p in self.peers:
-            if published[p][0] < c:       # someone is not there yet: the Watchdog's bounded wait
-                start = start or time.perf_counter()
-                self._want, self._last = c, p
-                missing = self.watchdog.wait_for_all(self.peers, self._published_for, f"agreement cycle {c}",
-                                                     self.config.stall_timeout_s)
-                if missing:
-                    self._stall(c, missing)
-                self._waited_since(start)
-                break
+        if not self.published(c):       # someone is not there yet: the Watchdog's bounded wait
+            start = start or time.perf_counter()
+            missing = self.watchdog.wait_for_all(self.peers, lambda q: self.published(c, (q,)),
+                                                 f"agreement cycle {c}", self.config.stall_timeout_s)
+            if missing:
+                self._stall(c, missing)
+            self.wait_over(start)
         self._win.Sync()
 
-    def _published_for(self, q):
-        """Has rank q published the cycle we wait for? (Watchdog.wait_for_all's poll; remembers who was missing.)"""
-        if self._published[q][0] >= self._want:
-            return True
-        self._last = q           # still missing at this poll: among the last to come
-        return False
+    def published(self, c, peers=None):
+        """Has every one of `peers` (default: every peer) published cycle c? One poll of a wait for c (the gather's,
+        through Watchdog.wait_for_all one peer at a time, or the agreement's native rounds): each peer found
+        missing is noted, and the last of them is the one the wait is for (wait_over)."""
+        published = self._published
+        everyone = True
+        for q in self.peers if peers is None else peers:
+            if published[q][0] < c:
+                self._last = q           # still missing at this poll: among the last to come
+                everyone = False
+        return everyone
 
     def close(self):
         """Collective over the node: frees the window."""
@@ -313,7 +318,7 @@ class MessageExchange(_Exchange):
                                                      self.config.stall_timeout_s)
                 if missing:
                     self._stall(c, missing)
-                self._waited_since(start)
+                self.wait_over(start)
                 break
         for p in self.peers:
             got = self._slots[p][c % 2].header[0]
