@@ -664,8 +664,8 @@ MUTANTS = [
            (Tests((EXPRESS,), ranks=2, select="bit_in_the_flagged_cycle"),),
            "a rank runs its express allreduce although a peer flagged the cycle for the coordinator"),
     Mutant("idle_engine_follows_within_the_caller_grace", "ringtrain/engine/engine.py",
-           "and time.perf_counter() - self.express_end < CALLER_GRACE_S)",
-           "and time.perf_counter() - self.express_end < 0)",
+           "and (began or time.perf_counter()) - self.express_end < CALLER_GRACE_S)",
+           "and (began or time.perf_counter()) - self.express_end < 0)",
            (Tests((EXPRESS,), ranks=2, select="within_the_grace"),),
            "an idle engine thread follows a peer into the cycle its own caller is about to publish: the peer's "
            "synchronous calls become requests"),
@@ -1406,6 +1406,13 @@ MUTANTS = [
            (Tests((NATIVE_CYCLE_JOB,), ranks=2, select="few_ms_late"),),
            "a wait's poll (the gather's or the native rounds') does not note the peer it finds missing: the wait is "
            "reported for no peer, or for one an earlier wait found"),
+    Mutant("a_long_drain_uses_up_the_callers_grace", "ringtrain/engine/engine.py",
+           "and (began or time.perf_counter()) - self.express_end < CALLER_GRACE_S)",
+           "and time.perf_counter() - self.express_end < CALLER_GRACE_S)",
+           (Tests((NATIVE_CYCLE_JOB,), ranks=2, select="long_drain"),),
+           "the engine thread's pass counts the caller's grace after its drain of the compiled calls (longer than the "
+           "grace for a thousand calls): it follows a peer into the cycle the caller was about to publish, and the "
+           "peer's call becomes an ordinary request"),
     Mutant("native_resume_publishes_again", "csrc/express_cycle.c",
            "    if (src) {     /* NULL: cycle c is published already",
            "    if (1) {     /* NULL: cycle c is published already",

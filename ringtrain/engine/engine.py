@@ -194,9 +194,10 @@ class Engine:
         if self.finished.is_set():
             return False
         try:
+            began = time.perf_counter()      # (before the drain: its own time is not the caller's, see _pass)
             if self.fast.take(True):     # a caller's compiled call published a cycle it finishes itself (express)
                 return False
-            return self._pass(background)
+            return self._pass(background, began)
         except BaseException as e:
             self._pass_failed(e)
         return False
@@ -296,17 +297,19 @@ class Engine:
         self.requests[name] = request
         return request
 
-    def _pass(self, background=False):
+    def _pass(self, background=False, began=None):
         """background: the engine thread's pass. With nothing in flight here, within CALLER_GRACE_S of this rank's
         last express call, it does not follow a peer into an agreement cycle: the caller is between two
         synchronous calls, and its next one publishes that cycle with its own id ready, keeping both ranks' calls
         on the express path (a follow-in's empty slot would turn the peer's call into a request). Later looks
-        follow as usual (the stall and straggler machinery sees every cycle)."""
+        follow as usual (the stall and straggler machinery sees every cycle). began: when the pass began, before
+        it drained the compiled calls (fast.take): the grace counts from there, as the drain of a thousand calls
+        takes longer than the grace itself while the caller, between two calls, waits for the GIL it holds."""
         if self.intake.deferred is not None:
             self.intake.flush()
         busy = self._take_submissions()
         actions = self.agreement.poll(background and not busy and not self.requests and self.join_handle is None
-                                      and time.perf_counter() - self.express_end < CALLER_GRACE_S)
+                                      and (began or time.perf_counter()) - self.express_end < CALLER_GRACE_S)
         if actions:
             busy = True
             self._execute(actions)

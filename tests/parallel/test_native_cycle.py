@@ -466,3 +466,47 @@ def test_async_calls_waited_at_once_ride_the_compiled_call(python_calls):
     assert comm.allreduce(in_c, op=MPI.MAX) >= calls // 2, f"rank {rank}: only {in_c} async waits in C"
     engine.fast.drain()
     assert len(set(comm.allgather(agreement._cycle))) == 1
+
+
+def test_a_long_drain_leaves_a_peers_cycle_to_the_caller(monkeypatch):
+    """An engine-thread pass first drains the compiled calls (fast.take), which for a thousand calls takes longer
+    than the caller's grace (Engine._pass, CALLER_GRACE_S) while the caller, between two of its calls, waits for the
+    GIL: the grace counts from the pass's start, so a pass right after a call still leaves a peer's open cycle to
+    the caller (a follow-in's empty slot would turn the peer's call into an ordinary request). Here the pass runs on
+    this thread right after a compiled call, its drain made to last three times the grace (stretched to 20 ms)."""
+    from ringtrain.engine import engine as engine_module
+    engine = state.engine()
+    agreement = native_or_skip()
+    if agreement.fast is None:
+        pytest.skip("no compiled planned call in this job")
+    grace = 0.02                    # (stretched past most scheduling gaps between a call and the pass after it)
+    monkeypatch.setattr(engine_module, "CALLER_GRACE_S", grace)
+    real_take, real_poll = engine.fast.take, agreement.poll
+    looks = []
+
+    def take(in_pass=False):
+        got = real_take(in_pass)
+        until = time.perf_counter() + 3 * grace
+        while time.perf_counter() < until:      # (a drain is Python: it holds the GIL all along)
+            pass
+        return got
+
+    def poll(lazy=False):
+        looks.append(lazy)
+        return real_poll(lazy)
+    x = np.arange(64, dtype=np.float32) + rt.rank()
+    want = sum(np.arange(64, dtype=np.float32) + r for r in range(rt.size()))
+    for call in range(4):
+        rt.barrier()
+        for _ in range(3):          # (the first calls make the plan and arm the compiled call)
+            np.testing.assert_array_equal(rt.allreduce(x, op=rt.Sum, name="native.long_drain"), want)
+        with engine._progress_lock:
+            monkeypatch.setattr(engine.fast, "take", take)
+            monkeypatch.setattr(agreement, "poll", poll)
+            engine._guarded_pass(background=True)
+            monkeypatch.undo()
+            monkeypatch.setattr(engine_module, "CALLER_GRACE_S", grace)
+    rt.barrier()
+    assert sum(looks) >= len(looks) // 2 > 0, (     # (a rank descheduled past the grace may follow now and then)
+        f"rank {rt.rank()}: a pass right after a call, whose drain outlasted the grace, would follow a peer into an "
+        f"open cycle (lazy looks: {looks})")
