@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import ringtrain.jax as hvd
-from ringtrain.core import state
 from rank_data import data, total
+from window_adoption import check_window_results_adopted
 
 allreduce_module = importlib.import_module("ringtrain.jax.allreduce")
 
@@ -57,22 +57,9 @@ def test_eager_results_held_by_the_caller_stay_intact(no_primitive):
 
 def test_window_results_are_adopted_without_a_copy_and_stay_intact(no_primitive):
     """4 MB results come from the shm window's two slots: XLA adopts them without a copy, and an array holding one
-    keeps its slot, so later calls get the other slot or private memory and never overwrite it."""
-    r, n, size = hvd.rank(), 1 << 20, hvd.size()     # 4 MB of float32: the window's smallest
-    transport = state.engine().transports["cpu"]
-    mine, want = data(n, 0, r), total(n, 0, size)     # call c adds c on every rank
-    kept, placed = [], []
-    for call in range(6):
-        y = hvd.allreduce(jnp.asarray(mine + call), op=hvd.Sum, name="jax.eager.window")
-        placed.append(transport.holds(np.asarray(y)))
-        np.testing.assert_array_equal(np.asarray(y), want + size * call, err_msg=f"rank {r}: call {call}")
-        if call in (0, 3):
-            kept.append((call, y))
-    for call, y in kept:
-        np.testing.assert_array_equal(np.asarray(y), want + size * call, err_msg=f"rank {r}: result {call} changed")
-    if transport.name == "shm":
-        # call 2 runs while call 0's array is kept and y holds call 1's; from call 4 on both slots are kept
-        assert placed == [True, True, False, True, False, False], placed
+    keeps its slot (tests/window_adoption.py)."""
+    check_window_results_adopted(lambda a: hvd.allreduce(jnp.asarray(a), op=hvd.Sum, name="jax.eager.window"),
+                                 np.asarray, np.asarray, hvd.rank(), hvd.size())
 
 
 def test_traced_calls_still_take_the_primitive():

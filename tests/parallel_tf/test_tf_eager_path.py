@@ -6,9 +6,9 @@ import pytest
 import tensorflow as tf
 
 import ringtrain.tensorflow as hvd
-from ringtrain.core import state
 from ringtrain.tensorflow import arrays, functions
 from rank_data import data, total
+from window_adoption import check_window_results_adopted
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -47,22 +47,9 @@ def test_large_eager_results_held_by_the_caller_stay_intact(no_differentiable_pa
 
 def test_window_results_are_adopted_without_a_copy_and_stay_intact(no_differentiable_path):
     """4 MB results come from the shm window's two slots: TF adopts them without a copy, and a tensor holding one
-    keeps its slot, so later calls get the other slot or private memory and never overwrite it."""
-    r, n, size = hvd.rank(), 1 << 20, hvd.size()     # 4 MB of float32: the window's smallest
-    transport = state.engine().transports["cpu"]
-    mine, want = data(n, 0, r), total(n, 0, size)     # call c adds c on every rank
-    kept, placed = [], []
-    for call in range(6):
-        y = hvd.allreduce(tf.constant(mine + call), op=hvd.Sum, name="tf.eager.window")
-        placed.append(transport.holds(arrays.host_view(y)))
-        np.testing.assert_array_equal(y.numpy(), want + size * call, err_msg=f"rank {r}: call {call}")
-        if call in (0, 3):
-            kept.append((call, y))
-    for call, y in kept:
-        np.testing.assert_array_equal(y.numpy(), want + size * call, err_msg=f"rank {r}: result {call} changed")
-    if transport.name == "shm":
-        # call 2 runs while call 0's tensor is kept and y holds call 1's; from call 4 on both slots are kept
-        assert placed == [True, True, False, True, False, False], placed
+    keeps its slot (tests/window_adoption.py)."""
+    check_window_results_adopted(lambda a: hvd.allreduce(tf.constant(a), op=hvd.Sum, name="tf.eager.window"),
+                                 arrays.host_view, lambda y: y.numpy(), hvd.rank(), hvd.size())
 
 
 def test_under_a_tape_the_gradient_is_recorded():
