@@ -12,7 +12,6 @@ import pytest
 
 from extras import need
 from job_runner import Job, Launch
-from test_parallel_tf import require_tensorflow
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH_DIR = os.path.join(REPO_ROOT, "benchmarks")
@@ -46,14 +45,14 @@ def run_script(command, timeout):
     return done.stdout
 
 
-def bench_job(name, command, timeout_s, requires=()):
+def bench_job(name, command, timeout_s):
     """A benchmark run as a job (tests/job_runner.py: it runs beside the next test's): command(directory) is its
     command line, run from the repository root, writing its outputs into `directory` (the job's own)."""
     def launch(runner):
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH")) if p)
         return Launch(command(runner.directory(name)), env, REPO_ROOT, stderr_apart=True)
-    return Job(name, launch, timeout_s, requires=requires)
+    return Job(name, launch, timeout_s)
 
 
 def bench_output(jobs, job):
@@ -137,30 +136,6 @@ def test_scaling_model_runs_on_the_quick_allreduce_json(allreduce_quick, tmp_pat
     assert len(result["published"]) == len(scaling_model.PUBLISHED)
     assert "agrees" in stdout or "too" in stdout
     assert_png(out_png)
-
-
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("job", [bench_job("bench-keras-scaling", lambda d: python(
-    "keras_scaling.py", "--quick", "--max-ranks", "2", "--json", os.path.join(d, "keras_scaling.json")), 840,
-    requires=("tensorflow", "keras"))],
-    ids=["2"])
-def test_keras_scaling_quick(job, jobs):
-    """benchmarks/keras_scaling.py --quick at 1 and 2 ranks: weights in sync on every rank, ringtrain's custom loop
-    == MultiWorkerMirroredStrategy's to 1e-4."""
-    require_tensorflow()
-    if mpiexec() is None:
-        pytest.skip("mpiexec not found")
-    stdout, folder = bench_output(jobs, job)
-    with open(os.path.join(folder, "keras_scaling.json")) as f:
-        records = json.load(f)["records"]
-    by_key = {(r["ranks"], r["mode"]): r for r in records}
-    for ranks in (1, 2):
-        for mode in ("fit/no-comm", "fit/ringtrain", "loop/no-comm", "loop/ringtrain") + ("loop/mwms",) * (ranks > 1):
-            record = by_key[(ranks, mode)]
-            assert record["samples_per_s_total"] > 0 and record["params_in_sync"], record
-    assert by_key[(1, "fit/no-comm")]["efficiency"] == pytest.approx(1.0)
-    assert by_key[(2, "loop/ringtrain")]["max_weight_diff_ringtrain_vs_mwms"] < 1e-4
-    assert "fit/ringtrain" in stdout and "efficiency" in stdout
 
 
 @pytest.mark.parametrize("job", [bench_job("bench-train-scaling", lambda d: python(
