@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from extras import need
-from job_runner import Job, Launch
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH_DIR = os.path.join(REPO_ROOT, "benchmarks")
@@ -23,7 +22,7 @@ import scaling_model   # noqa: E402
 import train_report    # noqa: E402
 import train_scaling   # noqa: E402
 
-pytestmark = [pytest.mark.bench, pytest.mark.timeout(360)]      # (a job's own deadline, 300 s at most, comes first)
+pytestmark = pytest.mark.bench
 
 README_IMPLEMENTATIONS = {"ringtrain-shm", "ringtrain-mpi", "ringtrain-shm-raw", "ringtrain-mpi-raw", "MPI_Allreduce",
                           "torch-gloo"}
@@ -45,57 +44,24 @@ def run_script(command, timeout):
     return done.stdout
 
 
-def bench_job(name, command, timeout_s):
-    """A benchmark run as a job (tests/job_runner.py: it runs beside the next test's): command(directory) is its
-    command line, run from the repository root, writing its outputs into `directory` (the job's own)."""
-    def launch(runner):
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH")) if p)
-        return Launch(command(runner.directory(name)), env, REPO_ROOT, stderr_apart=True)
-    return Job(name, launch, timeout_s)
-
-
-def bench_output(jobs, job):
-    """(stdout, output directory) of the benchmark job, once it ended 0."""
-    done = jobs.result(job)
-    assert done.returncode == 0, f"{done.command} exited {done.returncode}" + \
-        (f" (killed after {job.timeout_s} s)" if done.returncode is None else "") + \
-        f"\n{done.output[-3000:]}\n{done.stderr[-3000:]}"
-    return done.text(), jobs.directory(job.name)
-
-
-def mpi(ranks, script, *args):
-    """The command line of `mpiexec -n ranks python benchmarks/script args`."""
-    return [mpiexec(), "-n", str(ranks), sys.executable, os.path.join(BENCH_DIR, script), *args]
-
-
-def python(script, *args):
-    return [sys.executable, os.path.join(BENCH_DIR, script), *args]
-
-
 def assert_png(path):
     with open(path, "rb") as f:
         assert f.read(8) == PNG_MAGIC, f"{path} is not a PNG"
 
 
-ALLREDUCE_QUICK = bench_job("bench-allreduce", lambda d: mpi(2, "allreduce.py", "--quick", "--json",
-                                                                os.path.join(d, "allreduce.json"), "--png",
-                                                                os.path.join(d, "allreduce.png")), 150)
-
-
-@pytest.fixture
-def allreduce_quick(job, jobs):
-    """The quick allreduce run's records, stdout, PNG and JSON (one run for the tests that take it as their job)."""
+@pytest.fixture(scope="module")
+def allreduce_quick(tmp_path_factory):
     if mpiexec() is None:
         pytest.skip("mpiexec not found")
     need("matplotlib", "bench")      # the --png plot
-    stdout, folder = bench_output(jobs, job)
-    out_json, out_png = os.path.join(folder, "allreduce.json"), os.path.join(folder, "allreduce.png")
+    folder = tmp_path_factory.mktemp("allreduce")
+    out_json, out_png = str(folder / "allreduce.json"), str(folder / "allreduce.png")
+    stdout = run_script([mpiexec(), "-n", "2", sys.executable, os.path.join(BENCH_DIR, "allreduce.py"), "--quick",
+                         "--json", out_json, "--png", out_png], timeout=150)
     with open(out_json) as f:
         return json.load(f), stdout, out_png, out_json
 
 
-@pytest.mark.parametrize("job", [ALLREDUCE_QUICK], ids=["2"])
 def test_allreduce_quick_records_are_complete_and_correct(allreduce_quick):
     records, stdout, out_png, _ = allreduce_quick
     assert isinstance(records, list) and records
@@ -121,7 +87,6 @@ def test_allreduce_quick_records_are_complete_and_correct(allreduce_quick):
     assert_png(out_png)
 
 
-@pytest.mark.parametrize("job", [ALLREDUCE_QUICK], ids=["2"])
 def test_scaling_model_runs_on_the_quick_allreduce_json(allreduce_quick, tmp_path):
     _, _, _, allreduce_json = allreduce_quick
     out_json, out_png = str(tmp_path / "model.json"), str(tmp_path / "model.png")
@@ -138,16 +103,14 @@ def test_scaling_model_runs_on_the_quick_allreduce_json(allreduce_quick, tmp_pat
     assert_png(out_png)
 
 
-@pytest.mark.parametrize("job", [bench_job("bench-train-scaling", lambda d: python(
-    "train_scaling.py", "--quick", "--max-ranks", "2", "--metric", "--json", os.path.join(d, "train.json"), "--png",
-    os.path.join(d, "train.png")), 300)], ids=["2"])
-def test_train_scaling_quick(job, jobs):
+def test_train_scaling_quick(tmp_path):
     if mpiexec() is None:
         pytest.skip("mpiexec not found")
     pytest.importorskip("torch")
     need("matplotlib", "bench")      # the --png plot
-    stdout, folder = bench_output(jobs, job)
-    out_json, out_png = os.path.join(folder, "train.json"), os.path.join(folder, "train.png")
+    out_json, out_png = str(tmp_path / "train.json"), str(tmp_path / "train.png")
+    stdout = run_script([sys.executable, os.path.join(BENCH_DIR, "train_scaling.py"), "--quick", "--max-ranks", "2",
+                         "--metric", "--json", out_json, "--png", out_png], timeout=300)
     with open(out_json) as f:
         result = json.load(f)
     records = result["records"]
@@ -230,10 +193,7 @@ def test_projection_formulas():
     assert step == pytest.approx(1.0 + comm)
 
 
-@pytest.mark.parametrize("job", [bench_job("bench-step-breakdown", lambda d: mpi(
-    2, "step_breakdown.py", "--model", "mlp", "--rounds", "1", "--steps", "3", "--json",
-    os.path.join(d, "breakdown.json")), 300)], ids=["2"])
-def test_step_breakdown_quick(job, jobs):
+def test_step_breakdown_quick(tmp_path):
     """Every mode runs on 2 ranks (lockstep+traffic and its :views check, when made, that their work is an
     allreduce: the script fails otherwise); the cross-rank stamps are consistent: no rank leaves the barrier or
     synchronize() before the last rank finished its backward (after_last >= 0), and waits are never negative.
@@ -244,8 +204,9 @@ def test_step_breakdown_quick(job, jobs):
     if mpiexec() is None:
         pytest.skip("mpiexec not found")
     pytest.importorskip("torch")
-    stdout, folder = bench_output(jobs, job)
-    out_json = os.path.join(folder, "breakdown.json")
+    out_json = str(tmp_path / "breakdown.json")
+    stdout = run_script([mpiexec(), "-n", "2", sys.executable, os.path.join(BENCH_DIR, "step_breakdown.py"),
+                         "--model", "mlp", "--rounds", "1", "--steps", "3", "--json", out_json], timeout=300)
     with open(out_json) as f:
         result = json.load(f)
     assert result["one_host"] and set(result["per_round"]) == {"no-comm", "lockstep", "lockstep+traffic",
@@ -275,14 +236,13 @@ def test_step_breakdown_quick(job, jobs):
     assert "ringtrain's time per step by bucket phase" in stdout
 
 
-@pytest.mark.parametrize("job", [bench_job("bench-gradient-views-floor", lambda d: python(
-    "gradient_views_floor.py", "--steps", "3", "--json", os.path.join(d, "floor.json")), 120)], ids=["1"])
-def test_gradient_views_floor_quick(job, jobs):
+def test_gradient_views_floor_quick(tmp_path):
     """Both loops run, every phase is timed, and gradients kept as views train the same parameters as torch's own
     loop (the benchmark compares them)."""
     pytest.importorskip("torch")
-    _, folder = bench_output(jobs, job)
-    out_json = os.path.join(folder, "floor.json")
+    out_json = str(tmp_path / "floor.json")
+    run_script([sys.executable, os.path.join(BENCH_DIR, "gradient_views_floor.py"), "--steps", "3",
+                "--json", out_json], timeout=120)
     with open(out_json) as f:
         result = json.load(f)
     assert result["same_parameters"] and result["tensors"] == 402
@@ -373,15 +333,13 @@ def test_pretend_node_fit_recovers_known_costs_and_projects_other_rank_counts():
         scaling_model.split_seconds("flat", 2, s, truth))
 
 
-@pytest.mark.parametrize("job", [bench_job("bench-hierarchical-phases", lambda d: mpi(
-    4, "hierarchical_phases.py", "--mb", "0.25", "--repeats", "1", "--json", os.path.join(d, "phases.json")), 120)],
-    ids=["4"])
-def test_hierarchical_phases_quick(job, jobs):
+def test_hierarchical_phases_quick(tmp_path):
     """4 ranks as 2+2: both transports give MPI_Allreduce's result, and the three steps are each timed."""
     if mpiexec() is None:
         pytest.skip("mpiexec not found")
-    stdout, folder = bench_output(jobs, job)
-    out_json = os.path.join(folder, "phases.json")
+    out_json = str(tmp_path / "phases.json")
+    stdout = run_script([mpiexec(), "-n", "4", sys.executable, os.path.join(BENCH_DIR, "hierarchical_phases.py"),
+                         "--mb", "0.25", "--repeats", "1", "--json", out_json], timeout=120)
     with open(out_json) as f:
         result = json.load(f)
     assert result["wrong"] == 0 and result["layout"] == "2+2", stdout
@@ -391,15 +349,14 @@ def test_hierarchical_phases_quick(job, jobs):
     assert "flat mpi ring allreduce_out" in result["rows"] and "MPI_Sendrecv 0.0625 MB with the other node" in stdout
 
 
-@pytest.mark.parametrize("job", [bench_job("bench-pretend-nodes", lambda d: mpi(
-    4, "pretend_nodes.py", "--max-bytes", "16384", "--rounds", "2", "--repeats", "1", "--batch-seconds", "0.001",
-    "--json", os.path.join(d, "pretend.json")), 120)], ids=["4"])
-def test_pretend_nodes_quick(job, jobs):
+def test_pretend_nodes_quick(tmp_path):
     """4 ranks as 2+2: every collective, flat and hierarchical, equals numpy and has a paired ratio per round."""
     if mpiexec() is None:
         pytest.skip("mpiexec not found")
-    stdout, folder = bench_output(jobs, job)
-    out_json = os.path.join(folder, "pretend.json")
+    out_json = str(tmp_path / "pretend.json")
+    stdout = run_script([mpiexec(), "-n", "4", sys.executable, os.path.join(BENCH_DIR, "pretend_nodes.py"),
+                         "--max-bytes", "16384", "--rounds", "2", "--repeats", "1", "--batch-seconds", "0.001",
+                         "--json", out_json], timeout=120)
     with open(out_json) as f:
         records = json.load(f)
     assert {(r["impl"], r["collective"]) for r in records} == {
@@ -409,53 +366,45 @@ def test_pretend_nodes_quick(job, jobs):
     assert "4 ranks as 2+2 pretend nodes" in stdout and "# total #wrong: 0" in stdout
 
 
-def table_job(script, *args):
-    """A benchmark that prints its table and writes it to --out, on 2 ranks."""
-    return bench_job(f"bench-{script[:-3]}", lambda d: mpi(2, script, *args, "--out", os.path.join(d, "table.txt")),
-                     120)
-
-
-def _table_on_two_ranks(jobs, job):
-    """The table of a table_job (the one it printed and the one it wrote, both the same)."""
+def _table_on_two_ranks(tmp_path, script, *args):
+    """Run a benchmark that prints its table and writes it to --out, on 2 ranks; the table (both the same)."""
     if mpiexec() is None:
         pytest.skip("mpiexec not found")
-    stdout, folder = bench_output(jobs, job)
-    with open(os.path.join(folder, "table.txt")) as f:
+    out = str(tmp_path / "table.txt")
+    stdout = run_script([mpiexec(), "-n", "2", sys.executable, os.path.join(BENCH_DIR, script), *args, "--out", out],
+                        timeout=120)
+    with open(out) as f:
         table = f.read()
     assert table.strip() == stdout.strip()
     return table
 
 
-@pytest.mark.parametrize("job", [table_job("shm_chunk_sweep.py", "--sizes-mb", "1,3", "--chunks-mb", "1,4",
-                                           "--reps", "2")], ids=["2"])
-def test_shm_chunk_sweep_quick(job, jobs):
+def test_shm_chunk_sweep_quick(tmp_path):
     """Runs every chunk setting on 2 ranks, checks each result against MPI_Allreduce's, writes its table."""
-    table = _table_on_two_ranks(jobs, job)
+    table = _table_on_two_ranks(tmp_path, "shm_chunk_sweep.py", "--sizes-mb", "1,3", "--chunks-mb", "1,4",
+                                "--reps", "2")
     assert "1 MB chunks ms (vs one)" in table and "4 MB chunks ms (vs one)" in table
     assert [line.split()[0] for line in table.splitlines()[3:]] == ["1", "3"], table
 
 
-@pytest.mark.parametrize("job", [table_job("shm_shared_result.py", "--sizes-mb", "0.5,2", "--reps", "2")], ids=["2"])
-def test_shm_shared_result_quick(job, jobs):
+def test_shm_shared_result_quick(tmp_path):
     """Runs both arms on 2 ranks (each checks its result on the first repetition), writes its table."""
-    table = _table_on_two_ranks(jobs, job)
+    table = _table_on_two_ranks(tmp_path, "shm_shared_result.py", "--sizes-mb", "0.5,2", "--reps", "2")
     assert "reduce shared" in table and "+ SGD own" in table
     assert [line.split()[0] for line in table.splitlines()[3:]] == ["0.5", "2"], table
 
 
-@pytest.mark.parametrize("job", [table_job("express_fallbacks.py", "--model", "mlp", "--steps", "4")], ids=["2"])
-def test_express_fallbacks_quick(job, jobs):
+def test_express_fallbacks_quick(tmp_path):
     """A few MLP steps on 2 ranks: every call of each rank and bucket is counted under one path, table written."""
-    table = _table_on_two_ranks(jobs, job)
+    table = _table_on_two_ranks(tmp_path, "express_fallbacks.py", "--model", "mlp", "--steps", "4")
     rows = [line.split() for line in table.splitlines()[3:]]
     assert {row[0] for row in rows} == {"0", "1"}, table
     assert all(sum(int(r[-3]) for r in rows if r[0] == rank) == 4 for rank in ("0", "1")), table
 
 
-@pytest.mark.parametrize("job", [table_job("express_phases.py", "--quick")], ids=["2"])
-def test_express_phases_quick(job, jobs):
+def test_express_phases_quick(tmp_path):
     """One round of the per-phase account on 2 ranks: every arm right, every phase row there for every arm."""
-    table = _table_on_two_ranks(jobs, job)
+    table = _table_on_two_ranks(tmp_path, "express_phases.py", "--quick")
     arms = [line.split() for line in table.splitlines() if line.strip().startswith(("MPI_Allreduce", "numpy", "torch"))]
     assert arms and all(row[-1] == "0" for row in arms), table
     for phase in ("describe/Meta", "wait for the peer", "eager reduce", "call overhead", "total"):
@@ -477,22 +426,17 @@ def test_soak_quick(tmp_path):
     assert records[2]["ops_per_rank"] == 200 and records[2]["rss_warm_mb"] is not None
 
 
-# three of the five modes (a job each): the reference, a sharded mode and the peer; the sharded modes' results are
-# checked against one process by tests/parallel/test_sharded_optimizer.py
-SHARDED_MODES = ["distributed-optimizer", "shard-gradients", "torch-zero-ddp"]
-
-
-@pytest.mark.parametrize("job", [bench_job("bench-sharded-optimizer", lambda d: python(
-    "sharded_optimizer.py", "--quick", "--modes", ",".join(SHARDED_MODES), "--json", os.path.join(d, "sharded.json"),
-    "--png", os.path.join(d, "sharded.png")), 300)], ids=["2"])
-def test_sharded_optimizer_quick(job, jobs, tmp_path):
+def test_sharded_optimizer_quick(tmp_path):
     if mpiexec() is None:
         pytest.skip("mpiexec not found")
     need("torch")
     need("matplotlib", "bench")      # the --png plot
-    modes = SHARDED_MODES
-    stdout, folder = bench_output(jobs, job)
-    out_json, out_png = os.path.join(folder, "sharded.json"), os.path.join(folder, "sharded.png")
+    out_json, out_png = str(tmp_path / "sharded.json"), str(tmp_path / "sharded.png")
+    # three of the five modes (a job each): the reference, a sharded mode and the peer; the sharded modes'
+    # results are checked against one process by tests/parallel/test_sharded_optimizer.py
+    modes = ["distributed-optimizer", "shard-gradients", "torch-zero-ddp"]
+    stdout = run_script([sys.executable, os.path.join(BENCH_DIR, "sharded_optimizer.py"), "--quick",
+                         "--modes", ",".join(modes), "--json", out_json, "--png", out_png], timeout=300)
     with open(out_json) as f:
         records = {r["mode"]: r for r in json.load(f)["records"]}
     assert set(records) == set(modes)
@@ -544,15 +488,15 @@ def test_commit_ab_orders_arms_abba_and_compares_medians_best_jobs_and_lockstep_
     assert "all jobs: 0" in commit_ab.summarize("train", jobs)
 
 
-@pytest.mark.parametrize("job", [bench_job("bench-elastic-steps", lambda d: python(
-    "elastic_steps.py", "--workers", "2", "--repeats", "1", "--steps", "3", "--warmup", "1", "--launches", "plain",
-    "elastic", "--json", os.path.join(d, "steps.json"), "--out", os.path.join(d, "steps.txt")), 120)], ids=["2"])
-def test_elastic_steps_quick(job, jobs):
+def test_elastic_steps_quick(tmp_path):
     """One plain and one elastic job on 2 workers, a few steps each: each launch made the world it names (an
     elastic one drives MPI's progress in its waits), every loop timed, every allreduce, broadcast and allgather
     right and the parameters in sync (the script exits non-zero otherwise), and the table says so."""
-    out, folder = bench_output(jobs, job)
-    out_json = os.path.join(folder, "steps.json")
+    out_json = str(tmp_path / "steps.json")
+    out = run_script([sys.executable, os.path.join(BENCH_DIR, "elastic_steps.py"), "--workers", "2", "--repeats", "1",
+                      "--steps", "3", "--warmup", "1", "--launches", "plain", "elastic", "--json", out_json,
+                      "--out", str(tmp_path / "steps.txt")],
+                     timeout=120)
     records = json.load(open(out_json))["workers"]["2"]
     for launch in ("plain", "elastic"):
         record = records[launch]
@@ -564,24 +508,21 @@ def test_elastic_steps_quick(job, jobs):
                                  "1MB bcast")}, out
     rows = [line.split() for line in out.splitlines()[1:]]
     assert len(rows) == 14 and all(row[-3:] == ["0", "0", "0"] for row in rows), out
-    with open(os.path.join(folder, "steps.txt")) as f:             # the results file: the table between notes
-        written = f.read().splitlines()
+    written = (tmp_path / "steps.txt").read_text().splitlines()      # the results file: the table between notes
     assert [line.split() for line in written[4:-1]] == rows, written
     assert written[1].startswith("# 20") and "load" in written[1] and "commit" in written[1], written
     assert written[2].startswith("# python benchmarks/elastic_steps.py --workers 2") and "end (load" in written[-1]
 
 
-@pytest.mark.parametrize("job", [bench_job("bench-api-latency", lambda d: mpi(
-    2, "api_latency.py", "--quick", "--sizes", "4096,262144", "--pairs", "3", "--json", os.path.join(d, "api.json"),
-    "--out", os.path.join(d, "api.txt")), 120)], ids=["2"])
-def test_api_latency_quick_measures_every_form_beside_mpi(job, jobs):
+def test_api_latency_quick_measures_every_form_beside_mpi(tmp_path):
     """benchmarks/api_latency.py: every form at 2 ranks, numpy-equal (#wrong 0), with its ratio to MPI_Allreduce
     and to the in-place call of the same size in the same round (a smoke run: two sizes, few calls)."""
     if mpiexec() is None:
         pytest.skip("mpiexec not found")
     pytest.importorskip("torch")
-    stdout, folder = bench_output(jobs, job)
-    out_json, out_txt = os.path.join(folder, "api.json"), os.path.join(folder, "api.txt")
+    out_json, out_txt = str(tmp_path / "api.json"), str(tmp_path / "api.txt")
+    stdout = run_script([mpiexec(), "-n", "2", sys.executable, os.path.join(BENCH_DIR, "api_latency.py"), "--quick",
+                         "--sizes", "4096,262144", "--pairs", "3", "--json", out_json, "--out", out_txt], timeout=120)
     with open(out_txt) as f:
         lines = f.read().splitlines()
     assert "UTC start, commit" in lines[0] and lines[1].startswith("# mpiexec -n 2 python benchmarks/api_latency.py")
