@@ -7,13 +7,13 @@ the test file named for it in COVERED_ELSEWHERE).
 import glob
 import os
 import re
+import subprocess
 import sys
 
 import numpy as np
 import pytest
 
 from extras import MISSING
-from job_runner import Job, Launch
 from ringtrain.launch import run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,27 +23,17 @@ HELPER_MODULES = {"data.py"}                                     # imported by t
 COVERED_ELSEWHERE = {"parallel_trials.py": "tests/test_parallel_trials.py", "jax_train.py": "tests/test_parallel_jax.py",
                      "elastic_train.py": "tests/test_elastic.py", "keras_elastic_train.py": "tests/test_elastic.py"}
 JOB_TIMEOUT_S = 300
-pytestmark = pytest.mark.timeout(JOB_TIMEOUT_S + 60)       # a job's own deadline comes first
 
 
-def example_job(script, *args, ranks=2, requires=()):
-    """The job `mpirun -np <ranks> python examples/<script> <args>`, as a user types it, from a directory of its own;
-    it runs beside the next test's (tests/job_runner.py)."""
-    name = f"example-{script[:-3]}" + ("-" + "-".join(a.strip("-") for a in args) if args else "")
-
-    def launch(runner):
-        env = dict(os.environ, OMP_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
-        return Launch([run.find_mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpi4py",
-                       os.path.join(EXAMPLES, script), *args], env, runner.directory(name))
-    return Job(name, launch, JOB_TIMEOUT_S, requires=requires)
-
-
-def example_output(jobs, job):
-    """The example's output (stdout and stderr), once it ended 0."""
-    done = jobs.result(job)
-    assert done.returncode == 0, (f"killed after {JOB_TIMEOUT_S} s\n" if done.returncode is None else "") + done.output
-    return done.output
+def run_example(script, *args, ranks=2, cwd):
+    """`mpirun -np <ranks> python examples/<script> <args>`, as a user types it, from `cwd`."""
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+    cmd = [run.find_mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpi4py", os.path.join(EXAMPLES, script),
+           *args]
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
 
 
 def final_accuracy(out):
@@ -75,52 +65,43 @@ def test_the_examples_read_sklearns_digits_as_sklearn_does():
     assert rows == sorted(map(bytes, x))
 
 
-@pytest.mark.parametrize("job", [example_job("numpy_allreduce.py")], ids=["2"])
-def test_numpy_allreduce(job, jobs):
-    out = example_output(jobs, job)
+def test_numpy_allreduce(tmp_path):
+    out = run_example("numpy_allreduce.py", cwd=tmp_path)
     for rank in (0, 1):                       # 1s and 2s average to 1.5; 1 + 2 rows gathered; rank 0's config
         assert f"rank {rank}/2 via " in out and "mean=[1.5 1.5 1.5 1.5] rows=3 config={'lr': 0.2}" in out, out
 
 
-@pytest.mark.parametrize("job", [example_job("train.py")], ids=["2"])      # the README's command, defaults and all
-def test_train_quickstart_reaches_the_readme_accuracy(job, jobs):
-    out = example_output(jobs, job)
+def test_train_quickstart_reaches_the_readme_accuracy(tmp_path):
+    out = run_example("train.py", cwd=tmp_path)          # the README's command, defaults and all
     assert "epoch  20/20" in out and final_accuracy(out) >= 0.9, out
-    assert os.path.exists(os.path.join(jobs.result(job).launch.cwd, "train_checkpoint.pt"))
+    assert os.path.exists(tmp_path / "train_checkpoint.pt")
 
 
-@pytest.mark.parametrize("job", [example_job("gpu_train.py", "--fp16-allreduce")], ids=["2"])
-def test_gpu_train_runs_on_the_cpu_without_a_gpu(job, jobs):
-    out = example_output(jobs, job)
+def test_gpu_train_runs_on_the_cpu_without_a_gpu(tmp_path):
+    out = run_example("gpu_train.py", "--fp16-allreduce", cwd=tmp_path)
     assert re.search(r"ranks 2  device (cpu|cuda:\d)", out), out
     assert final_accuracy(out) >= 0.9, out
 
 
-@pytest.mark.parametrize("job", [example_job("synthetic_benchmark.py", "--model", "mlp", "--batch-size", "8",
-                                             "--num-warmup-batches", "1", "--num-batches-per-iter", "2",
-                                             "--num-iters", "2", "--threads", "1")], ids=["2"])
-def test_synthetic_benchmark_two_ranks(job, jobs):
-    out = example_output(jobs, job)
+def test_synthetic_benchmark_two_ranks(tmp_path):
+    out = run_example("synthetic_benchmark.py", "--model", "mlp", "--batch-size", "8", "--num-warmup-batches", "1",
+                      "--num-batches-per-iter", "2", "--num-iters", "2", "--threads", "1", cwd=tmp_path)
     assert float(re.search(r"total_img_s=([0-9.]+)", out).group(1)) > 0, out
 
 
-@pytest.mark.parametrize("job", [example_job(script, "--epochs", "8", requires=("tensorflow",))
-                                 for script in ("tf_train.py", "keras_train.py")],
-                         ids=["tf_train.py", "keras_train.py"])
-def test_tensorflow_examples(job, jobs):
+@pytest.mark.parametrize("script", ["tf_train.py", "keras_train.py"])
+def test_tensorflow_examples(script, tmp_path):
     pytest.importorskip("tensorflow", reason="tensorflow is missing: the [tensorflow] extra is not installed")
-    out = example_output(jobs, job)
+    out = run_example(script, "--epochs", "8", cwd=tmp_path)
     assert final_accuracy(out) >= 0.8, out              # 20 epochs reach ~0.95; 8 are past 0.85
 
 
-@pytest.mark.parametrize("job", [example_job("tensorflow2_mnist.py", "--steps", "150", "--use-adasum",
-                                             requires=("tensorflow",))], ids=["2"])
-def test_horovod_tensorflow2_example_with_only_the_import_changed(job, jobs):
+def test_horovod_tensorflow2_example_with_only_the_import_changed(tmp_path):
     """Horovod's TF2 script as examples/README.md runs it: DistributedGradientTape with op=Adasum. It learns, and
     every rank ends with bitwise the same weights. (Its --distributed-optimizer path, hvd.DistributedOptimizer on a
     Keras optimizer, is the one tests/parallel_tf/test_tf_training.py checks against one process.)"""
     pytest.importorskip("tensorflow", reason="tensorflow is missing: the [tensorflow] extra is not installed")
-    out = example_output(jobs, job)
+    out = run_example("tensorflow2_mnist.py", "--steps", "150", "--use-adasum", cwd=tmp_path)
     assert "largest weight difference between ranks 0\n" in out + "\n", out
     assert float(re.search(r"test accuracy ([0-9.]+)", out).group(1)) >= 0.85, out
     assert "op Adasum" in out, out
