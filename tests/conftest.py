@@ -3,10 +3,7 @@ mpiexec jobs, launched by tests/test_parallel.py, tests/test_parallel_tf.py and 
 `mpiexec ... pytest --with-mpi tests/parallel` they are collected as usual.
 
 Tests of an optional framework skip, naming its extra, where the extra is not installed (tests/extras.py); with
-RINGTRAIN_REQUIRE_EXTRAS=1 (.ci/run, which installs every extra) such a skip is a failure instead.
-
-The launcher tests (mpiexec jobs, examples, benchmarks' quick runs) take their subprocess job as a `job` parameter
-and its result from the `jobs` fixture, which runs the next such test's job beside it (tests/job_runner.py)."""
+RINGTRAIN_REQUIRE_EXTRAS=1 (.ci/run, which installs every extra) such a skip is a failure instead."""
 import os
 import sys
 
@@ -40,7 +37,6 @@ def pytest_ignore_collect(collection_path, config):
 import pytest  # noqa: E402
 
 from extras import required_missing  # noqa: E402
-from job_runner import JobRunner, jobs_in_order  # noqa: E402
 
 REQUIRE_EXTRAS = os.environ.get("RINGTRAIN_REQUIRE_EXTRAS") == "1"
 
@@ -69,12 +65,3 @@ def pytest_runtest_makereport(item, call):
 def pytest_make_collect_report(collector):
     outcome = yield
     _fail_required_skip(outcome.get_result())
-
-
-# ---- the launcher tests' jobs (mpiexec jobs, examples, benchmarks' quick runs): two at a time ----
-@pytest.fixture(scope="session")
-def jobs(request, tmp_path_factory):
-    """Runs each test's `job` parameter, the next test's job beside it (tests/job_runner.py)."""
-    runner = JobRunner(jobs_in_order(request.session.items), str(tmp_path_factory.mktemp("jobs")))
-    yield runner
-    runner.close()

@@ -1,9 +1,7 @@
 """Runs tests/parallel/ as real mpiexec jobs on 2, 3 and 4 ranks (at 4, the files where the ring's size matters), so
 `python -m pytest tests` covers them too.
 
-Each job is `mpiexec -n N python -m mpi4py -m pytest --with-mpi -x ... tests/parallel` with a hard timeout, run by
-tests/job_runner.py: the next test's job starts while this one's runs (two at a time; a job's ranks leave about one
-of CI's two cores idle).
+Each job is `mpiexec -n N python -m mpi4py -m pytest --with-mpi -x ... tests/parallel` with a hard timeout.
 `-m mpi4py` makes a rank that fails (pytest exits non-zero after -x) call MPI_Abort, which ends the whole job at once
 instead of leaving the other ranks waiting in their next collective until the per-test timeout. On failure or timeout
 the job's process group is killed and this test fails with the tail of the ranks' output.
@@ -19,17 +17,22 @@ public API is checked on pretend nodes: hierarchical allreduce, and the flat rin
 import json
 import os
 import re
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
+import time
 
 import pytest
 
-from job_runner import Job, Launch
 from ringtrain.launch import run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARALLEL_DIR = os.path.join(REPO, "tests", "parallel")
 JOB_TIMEOUT_S = int(os.environ.get("RINGTRAIN_TEST_JOB_TIMEOUT_S", "900"))
 PER_TEST_TIMEOUT_S = 120
+OUTPUT_TAIL_CHARS = 30000
 TESTS_DIR = os.path.join(REPO, "tests")
 # The only skips a job may report, each a case that cannot exist in that job by design: tests that need a GPU (this
 # machine and CI have none), cases that need more ranks than the job has (the 3- and 4-rank jobs run them), the
@@ -101,6 +104,13 @@ def check_job_report(reports, num_ranks):
     return ""
 
 
+def tail(path):
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - OUTPUT_TAIL_CHARS))
+        return f.read().decode(errors="replace")
+
+
 # Every file runs at 2 ranks. The 3-rank job runs the files whose outcome depends on the ring's size: the ring
 # schedule and its chunking (uneven at 3), fusion, sharding and resharding, process sets, hierarchy, Adasum, the
 # agreement and the native cycle with more than one peer (express, grouped, join, consistency, recovery, soak,
@@ -122,45 +132,12 @@ FOUR_RANK_FILES = ["test_adasum.py", "test_api_forms.py", "test_collectives.py",
                    "test_reducer_ranks.py", "test_sharded_optimizer.py", "test_sync_batch_norm.py"]
 
 
-def suite_job(name, num_ranks, targets, timeout_s, extra_env=None, requires=(), after=()):
-    """The Job of `mpiexec -n num_ranks pytest --with-mpi targets` (a directory or a list of files); extra_env: a
-    dict, or a function of the JobRunner that returns one (directories of the session)."""
-    def launch(runner):
-        mpiexec = run.find_mpiexec()
-        env = job_environment(num_ranks, runner.directory(f"{name}-reports"))
-        env.update(extra_env(runner) if callable(extra_env) else extra_env or {})
-        return Launch(job_command(num_ranks, mpiexec, run.mpi_flavor(mpiexec), targets), env, REPO)
-    return Job(name, launch, timeout_s, after=after, requires=requires)
-
-
-def check_suite_job(finished, num_ranks):
-    """Fails the calling test with the ranks' output tail unless the job ended 0 and every rank's report says it
-    really ran (check_job_report)."""
-    what = f"command: {finished.command}\n--- last ranks' output ---\n{finished.output}"
-    if finished.returncode is None:
-        pytest.fail(f"{num_ranks}-rank job did not finish within {finished.job.timeout_s} s and was killed.\n{what}",
-                    pytrace=False)
-    if finished.returncode != 0:
-        pytest.fail(f"{num_ranks}-rank job failed (mpiexec exit status {finished.returncode}, "
-                    f"{finished.elapsed_s:.0f} s).\n{what}", pytrace=False)
-    problem = check_job_report(read_rank_reports(finished.launch.env["RINGTRAIN_TEST_REPORT_DIR"]), num_ranks)
-    if problem:
-        pytest.fail(f"{num_ranks}-rank job exited 0 but did not really run: {problem}\n{what}", pytrace=False)
-    print(f"{num_ranks}-rank job passed in {finished.elapsed_s:.1f} s:\n{finished.output[-2000:]}")
-
-
-def files(*names):
-    return [os.path.join(PARALLEL_DIR, name) for name in names]
-
-
 @pytest.mark.timeout(JOB_TIMEOUT_S + 60)
-@pytest.mark.parametrize("num_ranks, job", [
-    (2, suite_job("parallel-2", 2, PARALLEL_DIR, JOB_TIMEOUT_S)),
-    (3, suite_job("parallel-3", 3, files(*SIZE_MATTERS_FILES), JOB_TIMEOUT_S)),
-    (4, suite_job("parallel-4", 4, files(*FOUR_RANK_FILES), JOB_TIMEOUT_S)),
-], ids=["2", "3", "4"])
-def test_parallel_suite(num_ranks, job, jobs):
-    check_suite_job(jobs.result(job), num_ranks)
+@pytest.mark.parametrize("num_ranks", [2, 3, 4])
+def test_parallel_suite(num_ranks):
+    names = {3: SIZE_MATTERS_FILES, 4: FOUR_RANK_FILES}.get(num_ranks)
+    run_job(num_ranks, PARALLEL_DIR if names is None else [os.path.join(PARALLEL_DIR, name) for name in names],
+            JOB_TIMEOUT_S)
 
 
 def test_the_size_matters_files_exist():
@@ -173,15 +150,55 @@ def test_the_size_matters_files_exist():
 SIMULATED_NODES_FILES = ["test_simulated_nodes.py", "test_collectives.py", "test_engine_steady_state.py",
                          "test_sharded_optimizer.py::test_n_ranks_equal_one_process"]
 
+
 @pytest.mark.timeout(JOB_TIMEOUT_S + 60)
-@pytest.mark.parametrize("num_ranks, job", [
+@pytest.mark.parametrize("num_ranks", [4, 3])
+def test_parallel_suite_on_two_simulated_nodes(num_ranks):
     # 2+2 runs every file above; 2+1 (nodes of unequal size) the ones where the split itself matters
-    (num_ranks, suite_job(f"parallel-{num_ranks}-on-2-nodes", num_ranks, files(*names), JOB_TIMEOUT_S,
-                          extra_env={"RINGTRAIN_SIMULATE_NODES": "2"}))
-    for num_ranks, names in ((4, SIMULATED_NODES_FILES), (3, SIMULATED_NODES_FILES[:2]))
-], ids=["4", "3"])
-def test_parallel_suite_on_two_simulated_nodes(num_ranks, job, jobs):
-    check_suite_job(jobs.result(job), num_ranks)
+    names = SIMULATED_NODES_FILES if num_ranks == 4 else SIMULATED_NODES_FILES[:2]
+    run_job(num_ranks, [os.path.join(PARALLEL_DIR, name) for name in names], JOB_TIMEOUT_S,
+            extra_env={"RINGTRAIN_SIMULATE_NODES": "2"})
+
+
+def run_job(num_ranks, directory, timeout_s, extra_env=None):
+    """One mpiexec job of `pytest --with-mpi directory`; fails the calling test with the ranks' output tail."""
+    mpiexec = run.find_mpiexec()
+    cmd = job_command(num_ranks, mpiexec, run.mpi_flavor(mpiexec), directory)
+    report_dir = tempfile.mkdtemp(prefix=f"ringtrain-parallel-{num_ranks}-reports-")
+    env = job_environment(num_ranks, report_dir)
+    env.update(extra_env or {})
+    with tempfile.NamedTemporaryFile(prefix=f"ringtrain-parallel-{num_ranks}-", suffix=".log", delete=False) as log:
+        log_path = log.name
+    start = time.monotonic()
+    try:
+        with open(log_path, "wb") as log:
+            # own session: on timeout we SIGKILL mpiexec's group, and hydra's proxy then kills every rank
+            proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                returncode = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                returncode = None
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+        elapsed = time.monotonic() - start
+        output = tail(log_path)
+        if returncode is None:
+            pytest.fail(f"{num_ranks}-rank job did not finish within {timeout_s} s and was killed.\n"
+                        f"command: {' '.join(cmd)}\n--- last ranks' output ---\n{output}", pytrace=False)
+        if returncode != 0:
+            pytest.fail(f"{num_ranks}-rank job failed (mpiexec exit status {returncode}, {elapsed:.0f} s).\n"
+                        f"command: {' '.join(cmd)}\n--- last ranks' output ---\n{output}", pytrace=False)
+        problem = check_job_report(read_rank_reports(report_dir), num_ranks)
+        if problem:
+            pytest.fail(f"{num_ranks}-rank job exited 0 but did not really run: {problem}\n"
+                        f"command: {' '.join(cmd)}\n--- last ranks' output ---\n{output}", pytrace=False)
+        print(f"{num_ranks}-rank job passed in {elapsed:.1f} s:\n{output[-2000:]}")
+    finally:
+        os.unlink(log_path)
+        shutil.rmtree(report_dir, ignore_errors=True)
 
 
 def report(rank, world=2, passed=9, skipped=("Skipped: no CUDA device",)):

@@ -13,7 +13,7 @@ import os
 import pytest
 
 from extras import need
-from test_parallel import check_suite_job, suite_job
+from test_parallel import run_job
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARALLEL_TF_DIR = os.path.join(REPO, "tests", "parallel_tf")
@@ -27,20 +27,15 @@ def require_tensorflow():
             need(name, "tensorflow")
 
 
-def tf_job(name, num_ranks, target):
-    return suite_job(name, num_ranks, target, JOB_TIMEOUT_S, requires=("tensorflow", "keras"),
-                     extra_env={"TF_CPP_MIN_LOG_LEVEL": "2",      # TF's C++ start-up chatter would bury the output tail
-                                "RINGTRAIN_STALL_TIMEOUT_S": "20"})   # a deadlock of the order tests fails quickly
-
-
 @pytest.mark.timeout(JOB_TIMEOUT_S + 60)
-@pytest.mark.parametrize("num_ranks, job", [
-    (2, tf_job("tf-2", 2, PARALLEL_TF_DIR)),
+@pytest.mark.parametrize("num_ranks, target", [
+    (2, PARALLEL_TF_DIR),
     # 3 ranks: the collectives, and independent collectives created in a different order on each rank (one job:
     # TensorFlow starts once per rank)
-    (3, tf_job("tf-3", 3, [os.path.join(PARALLEL_TF_DIR, name)
-                           for name in ("test_tf_collectives.py", "test_tf_collective_order.py")])),
-], ids=["2", "3"])
-def test_parallel_tf_suite(num_ranks, job, jobs):
+    (3, [os.path.join(PARALLEL_TF_DIR, name) for name in ("test_tf_collectives.py", "test_tf_collective_order.py")]),
+])
+def test_parallel_tf_suite(num_ranks, target):
     require_tensorflow()
-    check_suite_job(jobs.result(job), num_ranks)
+    run_job(num_ranks, target, JOB_TIMEOUT_S,
+            extra_env={"TF_CPP_MIN_LOG_LEVEL": "2",      # TF's C++ start-up chatter would bury the output tail
+                       "RINGTRAIN_STALL_TIMEOUT_S": "20"})   # a deadlock of the order tests fails quickly
