@@ -42,45 +42,55 @@ def test_a_late_rank_is_named_and_a_balanced_job_names_nobody(monkeypatch):
     config = state.config()
     monkeypatch.setattr(config, "straggler_window_s", WINDOW_S)
     stragglers = state.engine().observer.stragglers
-    stragglers.judge()                        # a fresh window: earlier tests' waits are not this test's
-    stragglers._last_logged.clear()
     lines = _Lines()
     logging.getLogger("ringtrain").addHandler(lines)
     try:
-        rt.barrier()
         # balanced: every rank does the same work; at least two windows pass on every rank. Whether to go on is
-        # agreed (a rank's own clock alone would let the ranks run different numbers of steps and stall)
-        start = time.monotonic()
-        more = True
-        while more:
-            _steps(10, late_rank=None, extra_s=0.0)
-            mine = time.monotonic() - start < 2.5 * WINDOW_S
-            more = bool(rt.allreduce(np.array([mine], np.int32), op=rt.Max, name="observe.more")[0])
-        rt.barrier()
-        report = rt.straggler_report()
+        # agreed (a rank's own clock alone would let the ranks run different numbers of steps and stall). A loaded
+        # machine may deschedule a rank for a window's straggler share now and then: up to 4 attempts, each from a
+        # fresh window, until one names nobody on every rank (code that names a balanced rank fails all four)
+        for attempt in range(4):
+            stragglers.judge()                # a fresh window: earlier waits are not this attempt's
+            stragglers._last_logged.clear()
+            lines.lines.clear()
+            rt.barrier()
+            start = time.monotonic()
+            more = True
+            while more:
+                _steps(10, late_rank=None, extra_s=0.0)
+                mine = time.monotonic() - start < 2.5 * WINDOW_S
+                more = bool(rt.allreduce(np.array([mine], np.int32), op=rt.Max, name="observe.more")[0])
+            rt.barrier()
+            report = rt.straggler_report()
+            clean = report["window_s"] is not None and report["stragglers"] == [] and lines.lines == []
+            if rt.allreduce(np.array([clean], np.int32), op=rt.Min, name="observe.clean")[0]:
+                break
         assert report["window_s"] is not None, "no straggler window was judged"
-        assert report["stragglers"] == [], report
-        assert lines.lines == [], lines.lines
+        assert report["stragglers"] == [], (attempt, report)
+        assert lines.lines == [], (attempt, lines.lines)
 
-        # one rank 20 ms late every step: named within 50 steps
+        # one rank 20 ms late every step: named within 50 steps -- alone (a rank descheduled by the machine's load
+        # may be named beside it in one window; the verdict read is that of the first window naming it alone)
         late = max(rt.size() - 2, 0)          # rank 0 in a 2-rank job (it logs about itself), else a middle rank
-        named_at = None
+        named_at = named = None
         for step in range(50):
             _steps(1, late_rank=late, extra_s=0.02)
             # every rank looks at the same step (a collective decides), so they all stop together
-            mine = late in rt.straggler_report()["stragglers"] and (rt.rank() != 0 or bool(lines.lines))
+            report = rt.straggler_report()
+            mine = report["stragglers"] == [late] and (rt.rank() != 0 or bool(lines.lines))
             if rt.allreduce(np.array([mine], np.int32), op=rt.Min, name="observe.named")[0]:
-                named_at = step
+                named_at, named = step, report
                 break
         done = rt.allreduce(np.array([named_at is not None], np.int32), op=rt.Min, name="observe.done")
-        assert done[0], f"rank {rt.rank()}: rank {late} not named within 50 steps: {rt.straggler_report()}"
-        entry = rt.straggler_report()["ranks"][late]
+        assert done[0], f"rank {rt.rank()}: rank {late} not named alone within 50 steps: {rt.straggler_report()}"
+        entry = named["ranks"][late]
         assert entry["straggler"] and entry["window_mean_ms"] >= config.straggler_min_ms, entry
-        others = [e for e in rt.straggler_report()["ranks"] if e["rank"] != late]
+        others = [e for e in named["ranks"] if e["rank"] != late]
         assert all(not e["straggler"] for e in others), others
         if rt.rank() == 0:
-            assert len(lines.lines) >= 1 and all(f"rank {late} " in line for line in lines.lines), lines.lines
-            assert f"on {entry['host']} " in lines.lines[0] and "ms a wait" in lines.lines[0], lines.lines
+            about_late = [line for line in lines.lines if f"rank {late} " in line]
+            assert about_late, lines.lines
+            assert f"on {entry['host']} " in about_late[0] and "ms a wait" in about_late[0], lines.lines
         else:
             assert lines.lines == []
     finally:
